@@ -1,0 +1,134 @@
+"""What every mechanism shares: the fitted-parameter contract and batched helpers.
+
+A fitted mechanism is a frozen dataclass registered as a pytree: ε and the
+fitted values are array leaves (with a leading ε axis after a vmapped fit),
+settings that fix shapes or branches are static metadata. Methods are pure
+functions of those leaves, so ``jax.vmap`` maps them over an ε grid.
+
+Contract of a params class (one per mechanism, ``name`` = the CLI name):
+
+* ``sample(key, y)``           noisy labels, same shape and float dtype as ``y``
+* ``log_density(y_tilde, y)``  exact log density (log pmf for discrete outputs),
+                               ``-inf`` off the support
+* ``bias(y)``, ``variance(y)``, ``mse(y)``  analytic, per true label ``y``
+* ``breakpoints()``            points where ``mse`` is not smooth (exact expectations)
+* ``label_mse(prior)``         E[(Ỹ - Y)²] under a prior
+
+``pure`` is False for mechanisms that are only (ε, δ)-DP (Gaussian).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class Mechanism:
+    """Base class for fitted mechanism parameters (subclasses are pytree dataclasses)."""
+
+    name: ClassVar[str]
+    pure: ClassVar[bool] = True
+    discrete: ClassVar[bool] = False
+
+    # -- to be provided by subclasses -------------------------------------------
+    def sample(self, key, y):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def log_density(self, y_tilde, y):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def bias(self, y):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def variance(self, y):
+        return self.mse(y) - self.bias(y) ** 2
+
+    def mse(self, y):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def breakpoints(self):
+        return ()
+
+    # -- shared -----------------------------------------------------------------
+    def label_mse(self, prior):
+        """E[(Ỹ - Y)²] with Y drawn from ``prior`` (unbatched parameters)."""
+        return prior.expect(self.mse, self.breakpoints())
+
+    @property
+    def batch_shape(self) -> tuple:
+        return tuple(np.shape(self.epsilon))
+
+    def __getitem__(self, index):
+        """Select one ε (or a sub-grid) of a batched fit."""
+        return jax.tree_util.tree_map(lambda leaf: leaf[index], self)
+
+    def to_json(self) -> dict:
+        """Fields as plain JSON values (lists for batched leaves)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, (str, bool, int, float)) or v is None:
+                out[f.name] = v
+            else:
+                arr = np.asarray(v)
+                out[f.name] = arr.item() if arr.ndim == 0 else arr.tolist()
+        return out
+
+    @classmethod
+    def from_json(cls, fields: dict):
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in fields:
+                raise KeyError(f.name)
+            v = fields[f.name]
+            kwargs[f.name] = v if isinstance(v, (str, bool)) else np.asarray(v, dtype=np.float64)
+        return cls(**kwargs)
+
+
+def params_dataclass(cls=None, *, static=()):
+    """Decorator: frozen dataclass + pytree with the named fields static."""
+
+    def wrap(c):
+        c = dataclasses.dataclass(frozen=True)(c)
+        names = [f.name for f in dataclasses.fields(c)]
+        return jax.tree_util.register_dataclass(
+            c, data_fields=[n for n in names if n not in static], meta_fields=[n for n in names if n in static]
+        )
+
+    return wrap if cls is None else wrap(cls)
+
+
+@jax.jit
+def _sample_grid(params, key, y):
+    keys = jax.random.split(key, params.batch_shape[0])
+    return jax.vmap(lambda p, k: p.sample(k, y))(params, keys)
+
+
+def sample_grid(params: Mechanism, key, y):
+    """Sample a whole ε grid at once: batched params (E,) x labels (...) -> (E, ...)."""
+    y = jnp.asarray(y)
+    if not jnp.issubdtype(y.dtype, jnp.floating):
+        y = y.astype(jnp.float32)
+    if params.batch_shape == ():
+        return params.sample(key, y)
+    return _sample_grid(params, key, y)
+
+
+def sample_batches(params: Mechanism, key, ys):
+    """A batch of label arrays (B, n) with one (unbatched) mechanism: (B, n), one key per array."""
+    ys = jnp.asarray(ys)
+    keys = jax.random.split(key, ys.shape[0])
+    return jax.jit(jax.vmap(lambda k, y: params.sample(k, y)))(keys, ys)
+
+
+def label_mse_grid(params: Mechanism, prior):
+    """label_mse for batched params (leading ε axis); the prior may be batched alike."""
+    if params.batch_shape == ():
+        return params.label_mse(prior)
+    prior_axis = 0 if np.ndim(prior.mass) == 2 else None
+    with jax.enable_x64(True):
+        return np.asarray(jax.jit(jax.vmap(lambda p, q: p.label_mse(q), in_axes=(0, prior_axis)))(params, prior))

@@ -1,0 +1,98 @@
+"""Input validation at the public boundary.
+
+Every check raises :class:`InputError` (a ``ValueError``) whose message names
+the problem and the offending value, e.g.
+``epsilon must be positive and finite, got epsilon=-1.0``.
+Validation runs on concrete (host) values before anything is traced, so the
+jit-compiled kernels never see bad input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class InputError(ValueError):
+    """Bad input: the message names the problem and the value."""
+
+
+def _fmt(value) -> str:
+    arr = np.asarray(value)
+    if arr.ndim == 0:
+        return repr(arr.item())
+    return np.array2string(arr, threshold=6, precision=6)
+
+
+def check_epsilon(epsilon, name: str = "epsilon") -> np.ndarray:
+    """Return ``epsilon`` as a float64 array (0-d or 1-d), each value finite and > 0."""
+    try:
+        arr = np.asarray(epsilon, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number or a list of numbers, got {name}={epsilon!r}") from None
+    if arr.ndim > 1:
+        raise InputError(f"{name} must be a scalar or a 1-d grid, got shape {arr.shape}")
+    if arr.size == 0:
+        raise InputError(f"{name} must not be empty, got {name}=[]")
+    bad = ~np.isfinite(arr) | (arr <= 0)
+    if bad.any():
+        raise InputError(f"{name} must be positive and finite, got {name}={_fmt(arr[bad].ravel()[0])}")
+    return arr
+
+
+def check_positive(value, name: str) -> float:
+    """A single finite positive float (used for zeta, delta scales, bins...)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number, got {name}={value!r}") from None
+    if not np.isfinite(v) or v <= 0:
+        raise InputError(f"{name} must be positive and finite, got {name}={v!r}")
+    return v
+
+
+def check_range(lo, hi) -> tuple[float, float]:
+    """The public label range: finite floats with lo < hi."""
+    try:
+        lo_f, hi_f = float(lo), float(hi)
+    except (TypeError, ValueError):
+        raise InputError(f"range must be two numbers, got range=({lo!r}, {hi!r})") from None
+    if not (np.isfinite(lo_f) and np.isfinite(hi_f)):
+        raise InputError(f"range must be finite, got range=({lo_f!r}, {hi_f!r})")
+    if not lo_f < hi_f:
+        raise InputError(f"range needs lo < hi, got lo={lo_f!r}, hi={hi_f!r}")
+    return lo_f, hi_f
+
+
+def check_labels(labels, lo: float, hi: float, *, clip: bool = False, name: str = "labels") -> np.ndarray:
+    """Labels as a 1-d float64 array: non-empty, finite, inside [lo, hi].
+
+    Labels outside the public range are an error unless ``clip=True``, in
+    which case they are clipped (clipping is what every mechanism does first,
+    so it costs no privacy; refusing by default catches a wrong range).
+    """
+    try:
+        y = np.asarray(labels, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be numeric, got a value that is not a number") from None
+    if y.size == 0:
+        raise InputError(f"{name} are empty: need at least one label")
+    finite = np.isfinite(y)
+    if not finite.all():
+        i = int(np.flatnonzero(~finite)[0])
+        raise InputError(f"{name} must be finite, got {name}[{i}]={y[i]!r}")
+    if clip:
+        return np.clip(y, lo, hi)
+    outside = (y < lo) | (y > hi)
+    if outside.any():
+        i = int(np.flatnonzero(outside)[0])
+        raise InputError(
+            f"{name} must lie in the public range [{lo!r}, {hi!r}], got {name}[{i}]={y[i]!r} "
+            f"({int(outside.sum())} labels outside; pass clip=True / --clip to clip them)"
+        )
+    return y
+
+
+def check_choice(value, name: str, choices) -> str:
+    if value not in choices:
+        raise InputError(f"{name} must be one of {', '.join(map(str, choices))}, got {name}={value!r}")
+    return value
