@@ -71,7 +71,7 @@ class Mechanism:
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, (str, bool, int, float)) or v is None:
+            if isinstance(v, (str, bool)) or v is None:
                 out[f.name] = v
             else:
                 arr = np.asarray(v)
@@ -85,7 +85,11 @@ class Mechanism:
             if f.name not in fields:
                 raise KeyError(f.name)
             v = fields[f.name]
-            kwargs[f.name] = v if isinstance(v, (str, bool)) else np.asarray(v, dtype=np.float64)
+            if f.name in ("lo", "hi"):
+                v = float(v)
+            elif not isinstance(v, (str, bool)):
+                v = np.asarray(v, dtype=np.float64)
+            kwargs[f.name] = v
         return cls(**kwargs)
 
 

@@ -79,14 +79,14 @@ def check_labels(labels, lo: float, hi: float, *, clip: bool = False, name: str 
     finite = np.isfinite(y)
     if not finite.all():
         i = int(np.flatnonzero(~finite)[0])
-        raise InputError(f"{name} must be finite, got {name}[{i}]={y[i]!r}")
+        raise InputError(f"{name} must be finite, got {name}[{i}]={float(y[i])!r}")
     if clip:
         return np.clip(y, lo, hi)
     outside = (y < lo) | (y > hi)
     if outside.any():
         i = int(np.flatnonzero(outside)[0])
         raise InputError(
-            f"{name} must lie in the public range [{lo!r}, {hi!r}], got {name}[{i}]={y[i]!r} "
+            f"{name} must lie in the public range [{lo!r}, {hi!r}], got {name}[{i}]={float(y[i])!r} "
             f"({int(outside.sum())} labels outside; pass clip=True / --clip to clip them)"
         )
     return y

@@ -29,7 +29,7 @@ from .priors import Prior
 
 _ZETA_GRID = np.geomspace(1e-3, 0.5, 24)  # fractions of the range width
 _ZETA_REFINE = 12
-_ZETA_SEARCH_BINS = 2048  # auto-ζ scores large priors on a histogram of this many bins
+_ZETA_SEARCH_BINS = 1024  # auto-ζ scores large priors on a copy with at most this many bins
 
 
 @params_dataclass(static=("lo", "hi", "objective"))
@@ -108,6 +108,24 @@ class RPWithPrior(Mechanism):
     def breakpoints(self):
         return (self.a1, self.a2)
 
+    def to_json(self) -> dict:
+        out = super().to_json()
+        out["A1"], out["A2"] = out.pop("a1"), out.pop("a2")
+        gamma = np.asarray(2 * np.asarray(self.zeta) + np.exp(-np.asarray(self.epsilon)) * (np.asarray(self.a2) - np.asarray(self.a1)))
+        out["gamma"] = gamma.item() if gamma.ndim == 0 else gamma.tolist()
+        return out
+
+    @classmethod
+    def from_json(cls, fields: dict):
+        fields = dict(fields)
+        fields["a1"], fields["a2"] = fields.pop("A1"), fields.pop("A2")
+        params = super().from_json(fields)
+        if not (params.lo <= np.min(params.a1) and np.all(params.a1 <= params.a2) and np.max(params.a2) <= params.hi):
+            raise InputError(f"RPWithPrior needs lo <= A1 <= A2 <= hi, got A1={params.a1}, A2={params.a2}")
+        check_positive(np.min(params.zeta), "zeta")
+        check_epsilon(params.epsilon)
+        return params
+
     def preservation(self, prior: Prior):
         """P(|Ỹ - Y| <= ζ) under ``prior`` (the neighbourhood objective at (A1, A2))."""
         return interval_search.objective_value(prior, self.zeta, "neighborhood", self.epsilon, self.a1, self.a2)
@@ -146,13 +164,25 @@ def _zeta_scores(prior, zetas, epsilon, objective, prior_batched):
 
 
 def _search_prior(prior: Prior) -> Prior:
-    """The prior used to score ζ: itself, or a fine histogram of it when it is large."""
+    """The prior used to score ζ: itself, or a coarser copy of it when it is large.
+
+    Point masses are merged per equal-width cell into one point at the cell's
+    weighted mean (the cheap piecewise-linear path stays available); a large
+    histogram is rebinned. Only the choice of ζ uses the copy: the interval
+    for the chosen ζ is then searched exactly on the full prior.
+    """
     if np.ndim(prior.mass) > 1 or prior.size <= _ZETA_SEARCH_BINS:
         return prior
     edges = np.linspace(prior.lo, prior.hi, _ZETA_SEARCH_BINS + 1)
     centres = 0.5 * (np.asarray(prior.left) + np.asarray(prior.right))
-    mass, _ = np.histogram(centres, bins=edges, weights=np.asarray(prior.mass))
-    return Prior(edges[:-1], edges[1:], mass / mass.sum(), prior.lo, prior.hi, False, prior.kind)
+    weights = np.asarray(prior.mass)
+    mass, _ = np.histogram(centres, bins=edges, weights=weights)
+    if not prior.discrete:
+        return Prior(edges[:-1], edges[1:], mass / mass.sum(), prior.lo, prior.hi, False, prior.kind)
+    first, _ = np.histogram(centres, bins=edges, weights=weights * centres)
+    keep = mass > 0
+    points = np.clip(first[keep] / mass[keep], prior.lo, prior.hi)
+    return Prior(points, points.copy(), mass[keep] / mass[keep].sum(), prior.lo, prior.hi, True, prior.kind)
 
 
 def choose_zeta(prior: Prior, epsilon, objective: str = "neighborhood") -> np.ndarray:

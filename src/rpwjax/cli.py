@@ -1,0 +1,194 @@
+"""The ``rpwjax`` command line (SPEC section 6): a thin layer over the library.
+
+Errors print one line on stderr naming the problem and exit non-zero;
+nothing half-written is left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import __version__
+
+EXIT_INPUT = 2
+
+
+def _add_fit_options(p: argparse.ArgumentParser, *, many_epsilons: bool, required: bool):
+    from .api import DEFAULT_BINS, MECHANISMS
+
+    p.add_argument("--mechanism", choices=list(MECHANISMS), required=required, help="mechanism to fit")
+    p.add_argument(
+        "--epsilon", type=float, nargs="+" if many_epsilons else None, required=required,
+        help="total privacy budget" + (" (one or more values)" if many_epsilons else ""),
+    )
+    p.add_argument("--zeta", default="auto", help="RPWithPrior window half-width (label units) or 'auto' (default)")
+    p.add_argument("--objective", choices=["neighborhood", "inside"], default="neighborhood",
+                   help="RPWithPrior interval objective (default neighborhood)")
+    p.add_argument("--prior", choices=["empirical", "private"], default="empirical",
+                   help="empirical: known prior (all of epsilon to the mechanism); private: Hist_eps (default empirical)")
+    p.add_argument("--prior-epsilon", type=float, default=None,
+                   help="epsilon_1 spent on the private histogram (default 0.1*epsilon)")
+    p.add_argument("--bins", type=int, default=DEFAULT_BINS, help=f"bins of the private histogram (default {DEFAULT_BINS})")
+    p.add_argument("--delta", type=float, default=None, help="delta of the Gaussian mechanism (default 1e-5)")
+    p.add_argument("--calibration", choices=["analytic", "classic"], default=None,
+                   help="Gaussian sigma: analytic (default) or classic (the paper's)")
+    p.add_argument("--clip", action="store_true", help="clip labels outside the range instead of refusing them")
+
+
+def _mechanism_options(args) -> dict:
+    opts = {}
+    if args.mechanism == "rpwithprior":
+        opts["zeta"] = args.zeta if args.zeta == "auto" else _float(args.zeta, "zeta")
+        opts["objective"] = args.objective
+    if args.mechanism == "gaussian":
+        if args.delta is not None:
+            opts["delta"] = args.delta
+        if args.calibration is not None:
+            opts["calibration"] = args.calibration
+    return opts
+
+
+def _float(text, name):
+    from .errors import InputError
+
+    try:
+        return float(text)
+    except ValueError:
+        raise InputError(f"{name} must be a number or 'auto', got {name}={text!r}") from None
+
+
+def _fit(args, labels, epsilon, seed):
+    from .api import fit
+
+    return fit(
+        args.mechanism,
+        labels,
+        range=tuple(args.range),
+        epsilon=epsilon,
+        prior=args.prior,
+        prior_epsilon=args.prior_epsilon,
+        bins=args.bins,
+        seed=seed,
+        clip=args.clip,
+        **_mechanism_options(args),
+    )
+
+
+def cmd_fit(args) -> int:
+    from . import io
+    from .errors import InputError
+
+    if args.range is None:
+        raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
+    labels = io.read_labels(args.labels, args.label_column)
+    result = _fit(args, labels, args.epsilon if len(args.epsilon) > 1 else args.epsilon[0], args.seed)
+    records = result.records()
+    if args.save:
+        if len(records) != 1:
+            raise InputError(f"--save writes exactly one fit: give one --epsilon, got {len(records)}")
+        io.write_json(args.save, records[0])
+    if args.json:
+        print(json.dumps(records, indent=2))
+    else:
+        for r in records:
+            p = r["params"]
+            extra = ""
+            if r["mechanism"] == "rpwithprior":
+                extra = f" A1={p['A1']:.6g} A2={p['A2']:.6g} zeta={p['zeta']:.6g} preservation={p['preservation']:.4f}"
+            print(
+                f"{r['mechanism']} epsilon={r['epsilon']:g} (prior {r['epsilon_prior']:g} + mechanism "
+                f"{r['epsilon_mechanism']:g}, delta={r['delta']:g}) label_mse={r['label_mse']:.6g}{extra}"
+            )
+    return 0
+
+
+def cmd_privatize(args) -> int:
+    import jax
+
+    from . import io
+    from .api import load_params
+    from .errors import InputError
+    from .privatize import privatize_file
+
+    key = jax.random.key(args.seed)
+    if args.params:
+        if args.mechanism is not None or args.epsilon is not None:
+            raise InputError("give either --params or fit options (--mechanism/--epsilon), not both")
+        params, record = load_params(io.read_json(args.params))
+        if args.range is not None and (float(args.range[0]), float(args.range[1])) != (params.lo, params.hi):
+            raise InputError(f"--range {args.range} differs from the params file's range [{params.lo}, {params.hi}]")
+    else:
+        if args.mechanism is None or args.epsilon is None:
+            raise InputError("privatize needs --params PARAMS.json, or --mechanism and --epsilon to fit")
+        if args.range is None:
+            raise InputError("--range LO HI is required to fit: the label range is public input")
+        labels = io.read_labels(args.input, args.label_column)
+        # the histogram noise (if any) and the sampling draw from independent streams of the secret seed
+        result = _fit(args, labels, args.epsilon, seed=int(jax.random.randint(jax.random.fold_in(key, 1), (), 0, 2**31 - 1)))
+        params, record = result.params, result.records()[0]
+    privatize_file(
+        args.input,
+        args.output,
+        label_column=args.label_column,
+        params=params,
+        key=jax.random.fold_in(key, 0),
+        record=record,
+        chunk_rows=args.chunk_rows,
+        clip=args.clip,
+        progress=not args.quiet,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .privatize import DEFAULT_CHUNK_ROWS
+
+    parser = argparse.ArgumentParser(prog="rpwjax", description="Label differential privacy for regression, in JAX.")
+    parser.add_argument("--version", action="version", version=f"rpwjax {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("fit", help="fit a mechanism to a label file and report it (with its privacy accounting)")
+    p.add_argument("--labels", required=True, help="CSV, Parquet, or text file (one number per line)")
+    p.add_argument("--label-column", default=None, help="label column (CSV/Parquet)")
+    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range")
+    _add_fit_options(p, many_epsilons=True, required=True)
+    p.add_argument("--seed", type=int, default=None, help="seed of the private histogram noise (default: OS randomness)")
+    p.add_argument("--save", default=None, help="write the fit (exactly one epsilon) to this JSON file")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per epsilon")
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("privatize", help="replace a file's label column by private labels")
+    p.add_argument("input", help="input .csv or .parquet")
+    p.add_argument("-o", "--output", required=True, help="output .csv or .parquet (OUTPUT.json gets the parameters)")
+    p.add_argument("--label-column", required=True)
+    p.add_argument("--seed", type=int, required=True, help="SECRET seed: anyone who knows it can undo the noise")
+    p.add_argument("--params", default=None, help="a params JSON from `rpwjax fit --save` (no refit)")
+    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range")
+    p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="rows per chunk (output does not depend on it)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_fit_options(p, many_epsilons=False, required=False)
+    p.set_defaults(func=cmd_privatize)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    import pyarrow as pa
+
+    from .errors import InputError
+
+    try:
+        return args.func(args)
+    except InputError as err:
+        print(f"rpwjax {args.command}: error: {err}", file=sys.stderr)
+        return EXIT_INPUT
+    except (OSError, pa.ArrowException) as err:
+        print(f"rpwjax {args.command}: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""Laplace, Gaussian and staircase: exact privacy, closed forms, sampler vs density, batching."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from rpwjax.additive import (
+    Gaussian,
+    Laplace,
+    Staircase,
+    fit_gaussian,
+    fit_laplace,
+    fit_staircase,
+    staircase_noise_mse,
+    staircase_optimal_gamma,
+)
+from rpwjax.base import label_mse_grid, sample_grid
+from rpwjax.errors import InputError
+from rpwjax.priors import empirical_prior, histogram_prior, private_histogram
+
+LO, HI = 0.5, 2.0  # Δ = 1.5
+PRIOR = empirical_prior([0.5, 0.7, 1.1, 1.1, 1.9, 2.0], LO, HI)
+FITS = {"laplace": fit_laplace, "gaussian": fit_gaussian, "staircase": fit_staircase}
+
+
+def gaussian_delta_direct(sigma, epsilon, width):
+    """Balle & Wang's δ(σ), evaluated plainly (independent of the module's log-space version)."""
+    a, b = width / (2 * sigma), epsilon * sigma / width
+    return stats.norm.cdf(a - b) - np.exp(epsilon) * stats.norm.cdf(-a - b)
+
+
+def noise_variance(params):
+    width = params.hi - params.lo
+    if isinstance(params, Laplace):
+        return 2 * (width / params.epsilon) ** 2
+    if isinstance(params, Gaussian):
+        return params.sigma**2
+    return staircase_noise_mse(params.epsilon, params.gamma, width)
+
+
+# --------------------------------------------------------------------------- privacy
+
+
+@pytest.mark.parametrize("name", ["laplace", "staircase"])
+@pytest.mark.parametrize("epsilon", [0.05, 1.0, 8.0])
+def test_exact_privacy_on_grid(name, epsilon):
+    width = HI - LO
+    with jax.enable_x64(True):
+        params, _ = FITS[name](PRIOR, epsilon)
+        ys = np.concatenate([np.linspace(LO, HI, 7), [LO - 1.0, HI + 3.0]])
+        centres = np.clip(ys, LO, HI)
+        reach = 6 * width * max(1.0, 1.0 / epsilon)
+        outputs = [np.linspace(LO - reach, HI + reach, 4001)]
+        if name == "staircase":
+            # just either side of every step edge seen from every label (exactly on an
+            # edge, the step is decided by the rounding of ỹ - clip(y): a null set)
+            steps = np.concatenate([np.arange(8.0), np.arange(8.0) + float(params.gamma)]) * width
+            edges = (centres[:, None] + np.concatenate([steps, -steps])[None, :]).ravel()
+            outputs += [edges - 1e-9, edges + 1e-9]
+        y_tilde = jnp.asarray(np.concatenate(outputs))
+        logp = np.asarray(params.log_density(y_tilde[None, :], jnp.asarray(ys)[:, None]))
+    assert np.all(np.isfinite(logp))
+    worst = np.max(logp.max(axis=0) - logp.min(axis=0))
+    assert worst <= epsilon + 1e-9
+    # the range endpoints are neighbours at distance Δ: the bound is attained, no budget wasted
+    assert worst >= epsilon - 1e-9
+
+
+def test_gaussian_is_not_pure():
+    params, _ = fit_gaussian(PRIOR, 1.0)
+    assert Gaussian.pure is False and Laplace.pure and Staircase.pure
+    far = HI + 20 * float(params.sigma)
+    ratio = params.log_density(far, HI) - params.log_density(far, LO)
+    assert ratio > 1.0  # the privacy loss is unbounded; δ covers it
+
+
+@pytest.mark.parametrize("epsilon", [0.05, 1.0, 8.0, 50.0])
+@pytest.mark.parametrize("delta", [1e-5, 1e-4])
+def test_analytic_gaussian_condition_holds_and_is_tight(epsilon, delta):
+    width = HI - LO
+    params, info = fit_gaussian(PRIOR, epsilon, delta=delta)
+    sigma = float(params.sigma)
+    assert info == {} and params.calibration == "analytic"
+    assert gaussian_delta_direct(sigma, epsilon, width) <= delta * (1 + 1e-9)
+    assert gaussian_delta_direct(0.99 * sigma, epsilon, width) > delta
+    if epsilon < 1:  # where both are proven, the analytic σ is the smaller one
+        assert sigma < np.sqrt(2 * np.log(1.25 / delta)) * width / epsilon
+
+
+def test_classic_gaussian_matches_formula():
+    grid = np.array([0.1, 0.5, 1.0, 4.0])
+    params, info = fit_gaussian(PRIOR, grid, delta=1e-4, calibration="classic")
+    expected = np.sqrt(2 * np.log(1.25 / 1e-4)) * (HI - LO) / grid
+    np.testing.assert_allclose(params.sigma, expected, rtol=1e-14)
+    np.testing.assert_array_equal(info["classic_valid"], [True, True, False, False])
+    np.testing.assert_array_equal(params.delta, np.full(4, 1e-4))
+
+
+# --------------------------------------------------------------------------- staircase closed forms
+
+
+def test_staircase_gamma_published_values_and_limits():
+    with jax.enable_x64(True):
+        eps = jnp.array([1.0, 2.0, 0.3, 5.0])
+        gamma = np.asarray(staircase_optimal_gamma(eps))
+        b = np.exp(-np.asarray(eps))
+        textbook = -b / (1 - b) + np.cbrt(b - 2 * b**2 + 2 * b**4 - b**5) / (np.cbrt(2) * (1 - b) ** 2)
+        tiny, huge = np.asarray(staircase_optimal_gamma(jnp.array([1e-9, 60.0])))
+    np.testing.assert_allclose(gamma[:2], [0.41674, 0.33513], atol=5e-6)
+    np.testing.assert_allclose(gamma, textbook, rtol=1e-10)
+    np.testing.assert_allclose(tiny, 0.5, atol=1e-8)
+    np.testing.assert_allclose(huge, np.cbrt(np.exp(-60.0) / 2), rtol=1e-8)
+    l1, _ = fit_staircase(PRIOR, 2.0, gamma="l1")
+    np.testing.assert_allclose(l1.gamma, 1 / (1 + np.e), rtol=1e-14)
+    assert l1.gamma_rule == "l1"
+
+
+@pytest.mark.parametrize("epsilon, published", [(2.0, 0.4227), (4.0, 0.0650)])
+def test_staircase_mse_published_values(epsilon, published):
+    with jax.enable_x64(True):
+        params, _ = fit_staircase(empirical_prior([0.0], 0.0, 1.0), epsilon)
+        assert abs(float(params.mse(0.5)) - published) < 5e-5
+
+
+def test_staircase_moments_match_monte_carlo():
+    params, _ = fit_staircase(empirical_prior([0.0], 0.0, 1.0), 1.0)
+    with jax.enable_x64(True):
+        x = np.asarray(params.sample(jax.random.key(7), jnp.full(200_000, 0.25))) - 0.25
+        exact = float(params.mse(0.25))
+    se = x.std() / np.sqrt(x.size)
+    se2 = (x**2).std() / np.sqrt(x.size)
+    assert abs(x.mean()) < 5 * se
+    assert abs((x**2).mean() - exact) < 5 * se2
+
+
+# --------------------------------------------------------------------------- sampler vs density
+
+
+@pytest.mark.parametrize(
+    "name, options, epsilon, y",
+    [
+        ("laplace", {}, 1.0, 0.8),
+        ("gaussian", {}, 1.0, 0.8),
+        ("staircase", {}, 0.5, 0.8),
+        ("staircase", {"gamma": 0.8}, 3.0, 3.0),  # a label above hi is clipped first
+    ],
+)
+def test_sampler_matches_exact_cdf(name, options, epsilon, y):
+    params, _ = FITS[name](PRIOR, epsilon, **options)
+    draws = np.asarray(params.sample(jax.random.key(11), jnp.full(20_000, y, jnp.float32)))
+    assert draws.dtype == np.float32
+
+    def cdf(x):
+        with jax.enable_x64(True):
+            return np.asarray(params.cdf(jnp.asarray(x, jnp.float64), y))
+
+    assert stats.kstest(draws.astype(np.float64), cdf).pvalue > 1e-3
+
+
+def test_staircase_sampler_fills_every_step_as_the_density_says():
+    # the cells (side, k, lower/upper part) separate the sign, geometric and
+    # Bernoulli draws, where a wrong parameter would break privacy
+    params, _ = fit_staircase(PRIOR, 1.5, gamma=0.3)
+    width = HI - LO
+    with jax.enable_x64(True):
+        x = np.asarray(params.sample(jax.random.key(3), jnp.zeros(40_000))) - LO
+        steps = np.arange(5.0)
+        cuts = np.sort(np.concatenate([steps, steps + 0.3, [5.0]])) * width
+        edges = np.concatenate([[-np.inf], -cuts[::-1], cuts[1:], [np.inf]])
+        probs = np.diff(np.concatenate([[0.0], np.asarray(params.cdf(jnp.asarray(edges[1:-1] + LO), LO)), [1.0]]))
+    observed, _ = np.histogram(x, bins=edges)
+    assert stats.chisquare(observed, probs * x.size).pvalue > 1e-3
+
+
+def test_output_depends_only_on_its_own_label():
+    for name in FITS:
+        params, _ = FITS[name](PRIOR, 1.0)
+        y = jnp.linspace(LO, HI, 10)
+        a = params.sample(jax.random.key(5), y)
+        b = params.sample(jax.random.key(5), y.at[7].set(LO))
+        changed = np.flatnonzero(np.asarray(a != b))
+        np.testing.assert_array_equal(changed, [7])
+
+
+def test_dtype_follows_labels_under_x64():
+    with jax.enable_x64(True):
+        for name in FITS:
+            params, _ = FITS[name](PRIOR, 1.0)
+            assert params.sample(jax.random.key(0), jnp.zeros(3)).dtype == jnp.float64
+
+
+# --------------------------------------------------------------------------- batching over ε
+
+
+@pytest.mark.parametrize("name", list(FITS))
+def test_vmap_over_epsilon_equals_loop(name):
+    grid = np.array([0.05, 0.5, 1.0, 8.0])
+    batched, info = FITS[name](PRIOR, grid)
+    assert batched.batch_shape == (4,)
+    key, y = jax.random.key(2), jnp.linspace(LO - 0.2, HI + 0.2, 9)
+    draws = np.asarray(sample_grid(batched, key, y))
+    mses = np.asarray(label_mse_grid(batched, PRIOR))
+    keys = jax.random.split(key, grid.size)
+    sample_one = jax.jit(lambda p, k, y: p.sample(k, y))
+    label_mse_one = jax.jit(lambda p: p.label_mse(PRIOR))
+    for i, e in enumerate(grid):
+        single, single_info = FITS[name](PRIOR, float(e))
+        for field in ("epsilon", "scale", "sigma", "delta", "gamma"):
+            if hasattr(single, field):
+                np.testing.assert_allclose(getattr(batched, field)[i], getattr(single, field), rtol=1e-14)
+        assert {k: v[i] for k, v in info.items()} == single_info
+        # float32 draws: the loop and the vmapped program may round differently
+        np.testing.assert_allclose(draws[i], sample_one(single, keys[i], y), rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(mses[i], label_mse_one(single), rtol=1e-5)
+
+
+def test_batched_private_prior_is_accepted():
+    grid = np.array([0.5, 2.0])
+    prior = private_histogram([0.6, 1.0, 1.9], LO, HI, 0.1 * grid, bins=8, key=jax.random.key(0))
+    for name in FITS:
+        params, _ = FITS[name](prior, grid)
+        mse = label_mse_grid(params, prior)
+        np.testing.assert_allclose(mse, [noise_variance(params[i]) for i in range(2)], rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- label MSE
+
+
+@pytest.mark.parametrize("name", list(FITS))
+def test_label_mse_equals_closed_form(name):
+    with jax.enable_x64(True):
+        params, _ = FITS[name](PRIOR, 0.7)
+        variance = noise_variance(params)
+        np.testing.assert_allclose(params.label_mse(PRIOR), variance, rtol=1e-12)
+        np.testing.assert_allclose(params.bias(HI + 0.5), -0.5, rtol=1e-12)
+        np.testing.assert_allclose(params.mse(LO - 0.25), 0.0625 + variance, rtol=1e-12)
+        # a uniform prior on [0, 2.5], wider than the mechanism's [0.5, 2]: clipping the
+        # labels in [0, 0.5) and (2, 2.5] adds 2·E[(0.5 - Y)²; Y < 0.5] = 2·(0.5³/3)/2.5,
+        # exact only if the breakpoints split the bins at lo and hi
+        wide = histogram_prior([0.0, 1.25, 2.5], [0.5, 0.5])
+        np.testing.assert_allclose(params.label_mse(wide), variance + 2 * 0.5**3 / 3 / 2.5, rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+@pytest.mark.parametrize("name", list(FITS))
+@pytest.mark.parametrize("grid", [1.5, [0.3, 1.5]])
+def test_json_round_trip(name, grid):
+    params, _ = FITS[name](PRIOR, grid)
+    cls = type(params)
+    restored = cls.from_json(json.loads(json.dumps(params.to_json())))
+    original_leaves, original_tree = jax.tree_util.tree_flatten(params)
+    restored_leaves, restored_tree = jax.tree_util.tree_flatten(restored)
+    assert original_tree == restored_tree  # same static fields
+    for a, b in zip(original_leaves, restored_leaves):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    y = jnp.linspace(LO, HI, 5)
+    np.testing.assert_array_equal(sample_grid(params, jax.random.key(1), y), sample_grid(restored, jax.random.key(1), y))
+
+
+@pytest.mark.parametrize(
+    "name, field, value, message",
+    [
+        ("laplace", "scale", 0.5, "scale="),
+        ("gaussian", "sigma", 0.5, "sigma=0.5"),
+        ("staircase", "gamma", 1.5, "gamma=1.5"),
+    ],
+)
+def test_json_with_a_weakened_parameter_is_refused(name, field, value, message):
+    params, _ = FITS[name](PRIOR, 1.0)
+    fields = params.to_json()
+    fields[field] = value
+    with pytest.raises(InputError, match=message):
+        type(params).from_json(fields)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "fit, options, message",
+    [
+        (fit_gaussian, {"delta": 2.0}, r"delta must be in \(0, 1\), got delta=2.0"),
+        (fit_gaussian, {"delta": 0.0}, "delta=0.0"),
+        (fit_gaussian, {"delta": float("nan")}, "delta=nan"),
+        (fit_gaussian, {"delta": "small"}, "delta='small'"),
+        (fit_gaussian, {"calibration": "exact"}, "calibration='exact'"),
+        (fit_staircase, {"gamma": 1.5}, "gamma=1.5"),
+        (fit_staircase, {"gamma": 0.0}, "gamma=0.0"),
+        (fit_staircase, {"gamma": True}, "gamma=True"),
+        (fit_staircase, {"gamma": "median"}, "gamma='median'"),
+    ],
+)
+def test_bad_options_raise(fit, options, message):
+    with pytest.raises(InputError, match=message):
+        fit(PRIOR, 1.0, **options)
+
+
+@pytest.mark.parametrize("fit", list(FITS.values()))
+def test_bad_epsilon_raises(fit):
+    with pytest.raises(InputError, match="epsilon=-1.0"):
+        fit(PRIOR, -1.0)
+    with pytest.raises(InputError, match="epsilon=0.0"):
+        fit(PRIOR, [1.0, 0.0])

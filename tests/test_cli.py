@@ -1,0 +1,216 @@
+"""The command line contract (SPEC section 6): fit, privatize, errors, no partial output."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from rpwjax import cli
+
+
+def run(argv, capsys):
+    code = cli.main(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("data")
+    rng = np.random.default_rng(0)
+    n = 5000
+    table = pa.table({
+        "id": np.arange(n),
+        "name": [f"row{i}" for i in range(n)],
+        "value": rng.beta(2, 5, n),
+        "x": rng.normal(size=n),
+    })
+    pq.write_table(table, d / "t.parquet")
+    pacsv.write_csv(table, d / "t.csv")
+    np.savetxt(d / "labels.txt", table.column("value").to_numpy())
+    return d, table
+
+
+def test_fit_json_has_the_contract_fields(files, capsys):
+    d, _ = files
+    code, out, _ = run(["fit", "--labels", str(d / "t.csv"), "--label-column", "value", "--range", "0", "1",
+                        "--mechanism", "rpwithprior", "--epsilon", "0.5", "1", "2", "--zeta", "0.05", "--json"], capsys)
+    assert code == 0
+    records = json.loads(out)
+    assert [r["epsilon"] for r in records] == [0.5, 1.0, 2.0]
+    for r in records:
+        assert {"mechanism", "epsilon", "epsilon_prior", "epsilon_mechanism", "delta", "range", "params", "label_mse"} <= set(r)
+        assert r["range"] == [0.0, 1.0] and r["delta"] == 0.0
+        assert {"A1", "A2", "zeta", "gamma", "objective", "preservation"} <= set(r["params"])
+        assert 0 <= r["params"]["A1"] <= r["params"]["A2"] <= 1
+
+
+def test_fit_reads_text_and_parquet_labels_alike(files, capsys):
+    d, _ = files
+    common = ["--range", "0", "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--zeta", "0.05", "--json"]
+    _, a, _ = run(["fit", "--labels", str(d / "labels.txt"), *common], capsys)
+    _, b, _ = run(["fit", "--labels", str(d / "t.parquet"), "--label-column", "value", *common], capsys)
+    ra, rb = json.loads(a)[0]["params"], json.loads(b)[0]["params"]
+    assert ra["A1"] == pytest.approx(rb["A1"], abs=1e-12) and ra["A2"] == pytest.approx(rb["A2"], abs=1e-12)
+
+
+def test_private_prior_reports_split(files, capsys):
+    d, _ = files
+    code, out, _ = run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
+                        "--epsilon", "1", "2", "--prior", "private", "--prior-epsilon", "0.25", "--bins", "20",
+                        "--seed", "4", "--json"], capsys)
+    assert code == 0
+    for r in json.loads(out):
+        assert r["epsilon_prior"] == 0.25 and r["epsilon_mechanism"] == pytest.approx(r["epsilon"] - 0.25)
+        assert r["prior"] == {"kind": "private-histogram", "bins": 20}
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_privatize_with_saved_params_keeps_rows_columns_and_order(files, tmp_path, capsys, fmt):
+    d, table = files
+    params = tmp_path / "p.json"
+    code, _, _ = run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
+                      "--epsilon", "1", "--save", str(params)], capsys)
+    assert code == 0
+    out = tmp_path / f"o.{fmt}"
+    code, _, err = run(["privatize", str(d / f"t.{fmt}"), "-o", str(out), "--label-column", "value", "--seed", "7",
+                        "--params", str(params), "--quiet"], capsys)
+    assert code == 0, err
+    got = pq.read_table(out) if fmt == "parquet" else pacsv.read_csv(out)
+    assert got.column_names == table.column_names
+    assert got.num_rows == table.num_rows
+    for name in ("id", "name", "x"):
+        assert got.column(name).to_pylist() == table.column(name).to_pylist()
+    noisy = got.column("value").to_numpy()
+    true = table.column("value").to_numpy()
+    assert not np.any(noisy == true)  # the true labels are not written
+    rec = json.loads(params.read_text())
+    lo_support = rec["params"]["A1"] - rec["params"]["zeta"]
+    hi_support = rec["params"]["A2"] + rec["params"]["zeta"]
+    assert noisy.min() >= lo_support - 1e-12 and noisy.max() <= hi_support + 1e-12
+    side = json.loads((tmp_path / f"o.{fmt}.json").read_text())
+    assert side["rows"] == table.num_rows and side["params"] == rec["params"]
+    assert "seed" not in json.dumps(side)  # the secret seed never reaches the sidecar
+
+
+def test_privatize_is_independent_of_chunk_size_and_reproducible(files, tmp_path, capsys):
+    d, _ = files
+    outs = []
+    for chunk in (5000, 777, 65536):
+        out = tmp_path / f"o{chunk}.parquet"
+        code, _, err = run(["privatize", str(d / "t.parquet"), "-o", str(out), "--label-column", "value", "--seed", "11",
+                            "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--zeta", "0.05",
+                            "--chunk-rows", str(chunk), "--quiet"], capsys)
+        assert code == 0, err
+        outs.append(pq.read_table(out).column("value").to_numpy())
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+    other = tmp_path / "other.parquet"
+    run(["privatize", str(d / "t.parquet"), "-o", str(other), "--label-column", "value", "--seed", "12",
+         "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--zeta", "0.05", "--quiet"], capsys)
+    assert not np.array_equal(pq.read_table(other).column("value").to_numpy(), outs[0])
+
+
+def _bad_table(tmp_path, values, fmt="csv"):
+    path = tmp_path / f"bad.{fmt}"
+    t = pa.table({"id": np.arange(len(values)), "value": pa.array(values, pa.float64())})
+    (pq.write_table if fmt == "parquet" else pacsv.write_csv)(t, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "values, extra, message",
+    [
+        ([0.1, float("nan"), 0.3], [], "missing value at row 1"),  # CSV writes NaN as an empty cell
+        ([0.1, 0.2, 7.0], [], "labels[2]=7.0"),
+        ([0.1, 0.2], ["--epsilon", "0"], "epsilon=0.0"),
+        ([0.1, 0.2], ["--epsilon", "-2"], "epsilon=-2.0"),
+        ([0.1, 0.2], ["--zeta", "0"], "zeta=0.0"),
+        ([0.1, 0.2], ["--range", "1", "0"], "lo=1.0, hi=0.0"),
+        ([0.1, 0.2], ["--prior", "private", "--prior-epsilon", "1.5"], "prior_epsilon=1.5"),
+        ([], [], "empty"),
+    ],
+)
+def test_privatize_bad_input_fails_cleanly_with_no_output(tmp_path, capsys, values, extra, message):
+    src = _bad_table(tmp_path, values)
+    out = tmp_path / "out.csv"
+    argv = ["privatize", str(src), "-o", str(out), "--label-column", "value", "--seed", "1", "--mechanism", "rpwithprior",
+            "--quiet"]
+    defaults = {"--epsilon": ["1"], "--range": ["0", "1"]}
+    for flag, val in defaults.items():
+        if flag not in extra:
+            argv += [flag, *val]
+    code, _, err = run(argv + extra, capsys)
+    assert code != 0
+    assert message in err and err.count("\n") == 1
+    assert not out.exists() and not (tmp_path / "out.csv.json").exists()
+    assert [p.name for p in tmp_path.iterdir()] == [src.name]  # no temporary leftovers either
+
+
+def test_nan_in_parquet_is_named(tmp_path, capsys):
+    src = _bad_table(tmp_path, [0.1, float("nan")], "parquet")
+    out = tmp_path / "o.parquet"
+    code, _, err = run(["privatize", str(src), "-o", str(out), "--label-column", "value", "--seed", "1",
+                        "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--quiet"], capsys)
+    assert code != 0 and "labels[1]=nan" in err and not out.exists()
+
+
+def test_bad_value_in_a_late_chunk_leaves_no_output(tmp_path, capsys, files):
+    d, _ = files
+    params = tmp_path / "p.json"
+    run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior", "--epsilon", "1",
+         "--save", str(params)], capsys)
+    values = list(np.linspace(0, 1, 3000)) + [2.0]
+    src = _bad_table(tmp_path, values, "parquet")
+    out = tmp_path / "out.parquet"
+    code, _, err = run(["privatize", str(src), "-o", str(out), "--label-column", "value", "--seed", "1",
+                        "--params", str(params), "--chunk-rows", "1000", "--quiet"], capsys)
+    assert code != 0 and "row 3000" in err and "labels[0]=2.0" in err
+    assert not out.exists()
+
+
+def test_missing_label_column_and_missing_file(files, tmp_path, capsys):
+    d, _ = files
+    code, _, err = run(["fit", "--labels", str(d / "t.csv"), "--label-column", "nope", "--range", "0", "1",
+                        "--mechanism", "rpwithprior", "--epsilon", "1"], capsys)
+    assert code != 0 and "'nope' not found" in err
+    code, _, err = run(["privatize", str(tmp_path / "none.csv"), "-o", str(tmp_path / "o.csv"), "--label-column", "v",
+                        "--seed", "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1"], capsys)
+    assert code != 0 and "not found" in err and not (tmp_path / "o.csv").exists()
+
+
+def test_clip_flag_clips_instead_of_refusing(tmp_path, capsys):
+    src = _bad_table(tmp_path, [0.1, 0.2, 7.0])
+    out = tmp_path / "o.csv"
+    code, _, err = run(["privatize", str(src), "-o", str(out), "--label-column", "value", "--seed", "1",
+                        "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--clip", "--quiet"], capsys)
+    assert code == 0, err and out.exists()
+
+
+def test_save_needs_exactly_one_epsilon(files, tmp_path, capsys):
+    d, _ = files
+    code, _, err = run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
+                        "--epsilon", "1", "2", "--save", str(tmp_path / "p.json")], capsys)
+    assert code != 0 and "exactly one" in err and not (tmp_path / "p.json").exists()
+
+
+def test_params_file_must_be_a_fit_record(tmp_path, capsys, files):
+    d, _ = files
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    code, _, err = run(["privatize", str(d / "t.csv"), "-o", str(tmp_path / "o.csv"), "--label-column", "value",
+                        "--seed", "1", "--params", str(bad)], capsys)
+    assert code != 0 and "not an rpwjax fit record" in err
+
+
+def test_console_script_runs(files):
+    d, _ = files
+    proc = subprocess.run([sys.executable, "-m", "rpwjax.cli", "fit", "--labels", str(d / "labels.txt"), "--range", "0",
+                           "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)[0]["mechanism"] == "rpwithprior"

@@ -1,0 +1,419 @@
+"""RPWithPrior: exact interval search, density, sampler, privacy, batching."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+import rpwjax
+from rpwjax import interval_search
+from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
+from rpwjax.rpwithprior import RPWithPrior, _fit_shared_zeta, fit_rpwithprior
+
+EPS_GRID = np.array([0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 4.0, 8.0])
+
+
+# ----------------------------------------------------------------- independent reference
+def reference_numerator(a1, a2, zeta, objective, points, masses, widths=None):
+    """sum_j p_j E[n(Y_j)] written from the definition, per bin, with scipy quadrature for bins."""
+
+    def n(y):
+        if objective == "inside":
+            return 2 * zeta * ((a1 <= y) & (y <= a2))
+        return np.where(
+            (a1 <= y) & (y <= a2),
+            2 * zeta,
+            np.where(y < a1, np.maximum(y + 2 * zeta - a1, 0), np.maximum(a2 + 2 * zeta - y, 0)),
+        )
+
+    if widths is None:
+        return float(np.sum(masses * n(points)))
+    total = 0.0
+    for left, w, p in zip(points, widths, masses):
+        kinks = [k for k in (a1, a2, a1 - 2 * zeta, a2 + 2 * zeta) if left < k < left + w]
+        val, _ = integrate.quad(lambda t: float(n(np.array(t))), left, left + w, points=kinks or None, epsabs=1e-13)
+        total += p * val / w
+    return total
+
+
+def reference_ratio(a1, a2, eps, zeta, objective, points, masses, widths=None):
+    return reference_numerator(a1, a2, zeta, objective, points, masses, widths) / (2 * zeta + np.exp(-eps) * (a2 - a1))
+
+
+def grid_ratios(grid, eps, zeta, objective, points, masses, widths=None):
+    """J on all pairs a <= b of a grid, vectorised, from the definition (exact piecewise integrals)."""
+    a = grid[:, None, None]
+    b = grid[None, :, None]
+    if widths is None:
+        y = points[None, None, :]
+        if objective == "inside":
+            num = 2 * zeta * ((a <= y) & (y <= b))
+        else:
+            num = np.where(
+                (a <= y) & (y <= b), 2 * zeta, np.where(y < a, np.maximum(y + 2 * zeta - a, 0), np.maximum(b + 2 * zeta - y, 0))
+            )
+        num = (num * masses).sum(-1)
+    else:
+        # E over a uniform bin of the piecewise-linear integrand: integrate via the
+        # antiderivative of (x)_+ : F(x) = x_+^2 / 2
+        l = points[None, None, :]
+        r = (points + widths)[None, None, :]
+        ramp = lambda u, v: (np.maximum(v, 0) ** 2 - np.maximum(u, 0) ** 2) / 2  # int_u^v (t)_+ dt
+        inside_len = np.clip(np.minimum(r, b) - np.maximum(l, a), 0, None)
+        if objective == "inside":
+            per = 2 * zeta * inside_len
+        else:
+            # y < a part: (y + 2z - a)_+ over y in [l, min(r, a)]
+            top = np.minimum(r, a)
+            left_part = np.where(top > l, ramp(l + 2 * zeta - a, top + 2 * zeta - a), 0)
+            # y > b part: (b + 2z - y)_+ over y in [max(l, b), r]
+            bot = np.maximum(l, b)
+            right_part = np.where(r > bot, ramp(b + 2 * zeta - r, b + 2 * zeta - bot), 0)
+            per = 2 * zeta * inside_len + left_part + right_part
+        num = (per / (r - l) * masses).sum(-1)
+    ratio = num / (2 * zeta + np.exp(-eps) * (b[..., 0] - a[..., 0]))
+    return np.where(b[..., 0] >= a[..., 0], ratio, -np.inf)
+
+
+def random_discrete(rng, count, size, lo=0.0, hi=1.0):
+    pts = np.sort(rng.uniform(lo, hi, (count, size)), axis=1)
+    pts[:, 0] = np.where(rng.random(count) < 0.3, lo, pts[:, 0])  # masses on the boundary too
+    m = rng.dirichlet(np.ones(size), count)
+    return pts, m
+
+
+def random_histogram(rng, count, bins, lo=0.0, hi=1.0):
+    cuts = np.sort(rng.uniform(lo, hi, (count, bins - 1)), axis=1)
+    edges = np.concatenate([np.full((count, 1), lo), cuts, np.full((count, 1), hi)], axis=1)
+    m = rng.dirichlet(np.ones(bins) * 0.7, count)
+    return edges, m
+
+
+# ----------------------------------------------------------------- exactness against brute force
+@pytest.mark.parametrize("objective", ["neighborhood", "inside"])
+def test_discrete_prior_interval_is_brute_force_optimum(objective, rng):
+    """200 random empirical priors: our optimum >= every pair of a dense grid that includes all candidates."""
+    count, size = 200, 6
+    pts, m = random_discrete(rng, count, size)
+    eps = rng.choice(EPS_GRID, count)
+    zetas = rng.choice([0.01, 0.05, 0.15, 0.4], count)
+    dense = np.linspace(0, 1, 121)
+    for zeta in np.unique(zetas):
+        sel = np.flatnonzero(zetas == zeta)
+        prior = Prior(pts[sel], pts[sel].copy(), m[sel], 0.0, 1.0, True, "empirical")
+        params, info = fit_rpwithprior(prior, eps[sel], zeta=float(zeta), objective=objective)
+        for k, i in enumerate(sel):
+            cands = np.concatenate([pts[i], pts[i] + 2 * zeta, pts[i] - 2 * zeta, [0.0, 1.0], dense])
+            grid = np.unique(np.clip(cands, 0, 1))
+            brute = grid_ratios(grid, eps[i], zeta, objective, pts[i], m[i]).max()
+            ours = reference_ratio(params.a1[k], params.a2[k], eps[i], zeta, objective, pts[i], m[i])
+            assert 0.0 <= params.a1[k] <= params.a2[k] <= 1.0
+            assert ours == pytest.approx(info["objective_value"][k], abs=1e-12)
+            assert ours == pytest.approx(brute, abs=1e-12), (i, ours, brute)
+
+
+@pytest.mark.parametrize("objective", ["neighborhood", "inside"])
+def test_histogram_prior_interval_is_brute_force_optimum(objective, rng):
+    """200 random histogram priors: optimum >= a dense grid (incl. edges +- 2 zeta), and within its resolution."""
+    count, bins = 200, 5
+    edges, m = random_histogram(rng, count, bins)
+    eps = rng.choice(EPS_GRID, count)
+    zetas = rng.choice([0.02, 0.08, 0.3], count)
+    dense = np.linspace(0, 1, 401)
+    worst_gap = 0.0
+    for zeta in np.unique(zetas):
+        sel = np.flatnonzero(zetas == zeta)
+        prior = Prior(edges[sel, :-1], edges[sel, 1:], m[sel], 0.0, 1.0, False, "histogram")
+        params, info = fit_rpwithprior(prior, eps[sel], zeta=float(zeta), objective=objective)
+        for k, i in enumerate(sel):
+            e = edges[i]
+            grid = np.unique(np.clip(np.concatenate([e, e + 2 * zeta, e - 2 * zeta, dense]), 0, 1))
+            ratios = grid_ratios(grid, eps[i], zeta, objective, e[:-1], m[i], np.diff(e))
+            brute = ratios.max()
+            # zoom twice around the three best grid pairs (the optimum may sit between grid points)
+            for flat in np.argsort(ratios, axis=None)[-3:]:
+                ia, ib = np.unravel_index(flat, ratios.shape)
+                ca, cb, step = grid[ia], grid[ib], 1.0 / 400
+                for _ in range(2):
+                    za = np.clip(np.linspace(ca - 1.5 * step, ca + 1.5 * step, 61), 0, 1)
+                    zb = np.clip(np.linspace(cb - 1.5 * step, cb + 1.5 * step, 61), 0, 1)
+                    local = np.unique(np.concatenate([za, zb]))
+                    r = grid_ratios(local, eps[i], zeta, objective, e[:-1], m[i], np.diff(e))
+                    la, lb = np.unravel_index(np.argmax(r), r.shape)
+                    brute = max(brute, r.max())
+                    ca, cb, step = local[la], local[lb], step / 20
+            ours = reference_ratio(params.a1[k], params.a2[k], eps[i], zeta, objective, e[:-1], m[i], np.diff(e))
+            assert ours == pytest.approx(info["objective_value"][k], abs=1e-9)
+            assert ours >= brute - 1e-10, (i, ours, brute)
+            worst_gap = max(worst_gap, ours - brute)
+    assert worst_gap < 1e-5  # the zoomed brute force reaches our optimum
+
+
+def test_neighborhood_beats_inside_on_its_own_objective(rng):
+    y = rng.beta(2, 5, 500)
+    prior = empirical_prior(y, 0, 1)
+    pn, infon = fit_rpwithprior(prior, EPS_GRID, zeta=0.05, objective="neighborhood")
+    pi, _ = fit_rpwithprior(prior, EPS_GRID, zeta=0.05, objective="inside")
+    with jax.enable_x64(True):
+        pres_inside = np.asarray(jax.vmap(lambda p: p.preservation(prior))(pi))
+    assert np.all(infon["preservation"] >= pres_inside - 1e-12)
+
+
+# ----------------------------------------------------------------- density, sampler, moments
+def three_piece_cdf(t, params, y):
+    eps, z, a1, a2 = (float(params.epsilon), float(params.zeta), float(params.a1), float(params.a2))
+    yc = min(max(y, a1), a2)
+    g = 2 * z + np.exp(-eps) * (a2 - a1)
+    dens = lambda u: np.where((u >= yc - z) & (u <= yc + z), 1 / g, np.exp(-eps) / g)
+    t = np.clip(t, a1 - z, a2 + z)
+    # piecewise linear CDF through its three pieces
+    knots = np.array([a1 - z, yc - z, yc + z, a2 + z])
+    cdf_knots = np.concatenate([[0], np.cumsum(np.diff(knots) * dens(0.5 * (knots[:-1] + knots[1:])))])
+    return np.interp(t, knots, cdf_knots)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    rng = np.random.default_rng(7)
+    y = np.concatenate([rng.beta(2, 5, 3000), np.zeros(300)])
+    prior = empirical_prior(y, 0.0, 1.0)
+    params, info = fit_rpwithprior(prior, EPS_GRID, zeta=0.04)
+    return prior, y, params, info
+
+
+@pytest.mark.parametrize("index", [0, 5, 9])
+@pytest.mark.parametrize("label", [0.0, 0.2, 0.9, 1.0])
+def test_sampler_matches_density_ks(fitted, index, label):
+    _, _, params, _ = fitted
+    p = params[index]
+    with jax.enable_x64(True):
+        draws = np.asarray(p.sample(jax.random.key(11), jnp.full(40000, label)))
+    res = stats.kstest(draws, lambda t: three_piece_cdf(t, p, label))
+    assert res.pvalue > 1e-3, res
+
+
+def test_density_integrates_to_one_and_matches_cdf(fitted):
+    _, _, params, _ = fitted
+    for i in range(len(EPS_GRID)):
+        p = params[i]
+        lo_s, hi_s = float(p.a1 - p.zeta), float(p.a2 + p.zeta)
+        for y in (0.0, float(p.a1), 0.5, 1.0):
+            with jax.enable_x64(True):
+                f = lambda t: float(np.exp(p.log_density(jnp.float64(t), jnp.float64(y))))
+                kinks = sorted({float(np.clip(y, p.a1, p.a2) - p.zeta), float(np.clip(y, p.a1, p.a2) + p.zeta)})
+                total, _ = integrate.quad(f, lo_s - 0.1, hi_s + 0.1, points=kinks + [lo_s, hi_s], limit=200)
+            assert total == pytest.approx(1.0, abs=1e-9)
+
+
+def test_exact_privacy_on_grid(fitted):
+    """max over (y, y', ytilde) of log p(ytilde|y) - log p(ytilde|y') <= eps + 1e-9, and equal supports."""
+    _, _, params, _ = fitted
+    for i, eps in enumerate(EPS_GRID):
+        p = params[i]
+        ys = np.unique(np.concatenate([np.linspace(0, 1, 201), [p.a1, p.a2]]))
+        yt = np.unique(np.concatenate([np.linspace(p.a1 - p.zeta - 0.05, p.a2 + p.zeta + 0.05, 4001),
+                                       [p.a1 - p.zeta, p.a2 + p.zeta]]))
+        with jax.enable_x64(True):
+            logd = np.asarray(jax.vmap(lambda y: p.log_density(jnp.asarray(yt), y))(jnp.asarray(ys)))
+        finite = np.isfinite(logd)
+        assert (finite == finite[0]).all(), "support must not depend on the label"
+        cols = logd[:, finite[0]]
+        worst = (cols.max(axis=0) - cols.min(axis=0)).max()
+        assert worst <= eps + 1e-9
+        assert worst == pytest.approx(eps, abs=1e-9)  # the bound is attained, so the check is not vacuous
+
+
+def test_preservation_matches_monte_carlo(fitted):
+    prior, y, params, info = fitted
+    key = jax.random.key(3)
+    with jax.enable_x64(True):
+        for i in (0, 4, 7, 9):
+            p = params[i]
+            labels = jnp.asarray(np.tile(y, 30))
+            draws = p.sample(jax.random.fold_in(key, i), labels)
+            hit = np.mean(np.abs(np.asarray(draws) - np.asarray(labels)) <= float(p.zeta))
+            se = np.sqrt(hit * (1 - hit) / labels.size)
+            assert abs(hit - info["preservation"][i]) < 5 * se + 1e-12
+
+
+def test_bias_and_mse_match_monte_carlo(fitted):
+    prior, y, params, _ = fitted
+    with jax.enable_x64(True):
+        for i in (0, 5, 9):
+            p = params[i]
+            for label in (0.0, 0.3, 1.0):
+                draws = np.asarray(p.sample(jax.random.key(i), jnp.full(200000, label)))
+                err = draws - label
+                assert float(p.bias(label)) == pytest.approx(err.mean(), abs=5 * err.std() / 447)
+                assert float(p.mse(label)) == pytest.approx((err**2).mean(), rel=0.02)
+            expected = np.mean([float(p.mse(v)) for v in y[:50]])
+            assert float(p.label_mse(empirical_prior(y[:50], 0, 1))) == pytest.approx(expected, rel=1e-12)
+
+
+def test_histogram_label_mse_is_exact_integral(rng):
+    edges, m = random_histogram(rng, 1, 4)
+    prior = histogram_prior(edges[0], m[0])
+    params, _ = fit_rpwithprior(prior, 1.0, zeta=0.07)
+    with jax.enable_x64(True):
+        ref = sum(
+            pk * integrate.quad(lambda t: float(params.mse(t)), l, r, points=[float(params.a1), float(params.a2)])[0] / (r - l)
+            for l, r, pk in zip(edges[0][:-1], edges[0][1:], m[0])
+        )
+        assert float(params.label_mse(prior)) == pytest.approx(ref, rel=1e-10)
+
+
+def test_float32_sampling_stays_in_support(fitted):
+    _, _, params, _ = fitted
+    p = params[9]
+    out = p.sample(jax.random.key(0), jnp.linspace(0, 1, 100000, dtype=jnp.float32))
+    assert out.dtype == jnp.float32
+    assert float(out.min()) >= float(p.a1 - p.zeta) - 1e-6 and float(out.max()) <= float(p.a2 + p.zeta) + 1e-6
+
+
+# ----------------------------------------------------------------- batching and compilation
+def test_vmap_over_epsilon_equals_loop(fitted):
+    prior, _, params, info = fitted
+    for i, eps in enumerate(EPS_GRID):
+        single, single_info = fit_rpwithprior(prior, float(eps), zeta=0.04)
+        assert float(single.a1) == params.a1[i] and float(single.a2) == params.a2[i]
+        assert single_info["preservation"] == pytest.approx(info["preservation"][i], abs=1e-14)
+
+
+def test_auto_zeta_vmap_equals_loop(rng):
+    prior = empirical_prior(rng.beta(2, 5, 400), 0, 1)
+    grid = np.array([0.1, 1.0, 4.0])
+    batched, _ = fit_rpwithprior(prior, grid, zeta="auto")
+    for i, eps in enumerate(grid):
+        single, _ = fit_rpwithprior(prior, float(eps), zeta="auto")
+        np.testing.assert_allclose([single.zeta, single.a1, single.a2],
+                                   [batched.zeta[i], batched.a1[i], batched.a2[i]], rtol=1e-12)
+
+
+def test_sampling_grid_equals_per_epsilon_sampling(fitted):
+    _, y, params, _ = fitted
+    labels = jnp.asarray(y[:1000], jnp.float32)
+    key = jax.random.key(5)
+    grid = rpwjax.sample_grid(params, key, labels)
+    assert grid.shape == (len(EPS_GRID), 1000)
+    keys = jax.random.split(key, len(EPS_GRID))
+    for i in range(len(EPS_GRID)):
+        # same draws; jit may fuse float32 arithmetic differently from eager mode (1 ulp)
+        np.testing.assert_allclose(np.asarray(grid[i]), np.asarray(params[i].sample(keys[i], labels)), rtol=3e-7, atol=1e-7)
+    batches = rpwjax.sample_batches(params[3], key, labels.reshape(4, 250))
+    assert batches.shape == (4, 250)
+
+
+def test_new_epsilons_of_same_shape_do_not_recompile(fitted):
+    prior, _, _, _ = fitted
+    fit_rpwithprior(prior, EPS_GRID, zeta=0.04)
+    before = _fit_shared_zeta._cache_size()
+    fit_rpwithprior(prior, EPS_GRID * 1.37, zeta=0.09)
+    assert _fit_shared_zeta._cache_size() == before
+
+
+def test_auto_zeta_minimises_label_mse(rng):
+    prior = empirical_prior(rng.beta(2, 5, 300), 0, 1)
+    for eps in (0.3, 2.0):
+        best, _ = fit_rpwithprior(prior, eps, zeta="auto")
+        best_mse = float(best.label_mse(prior))
+        for z in np.geomspace(0.002, 0.5, 15):
+            other, _ = fit_rpwithprior(prior, eps, zeta=float(z))
+            assert best_mse <= float(other.label_mse(prior)) + 1e-12
+
+
+# ----------------------------------------------------------------- private prior and accounting
+def test_private_prior_reads_labels_only_through_bin_counts(rng):
+    """Two label sets with the same counts per public bin give the same fit: nothing else leaks in."""
+    bins = 16
+    edges = np.linspace(0, 1, bins + 1)
+    y1 = rng.beta(2, 5, 2000)
+    cell = np.clip(np.digitize(y1, edges) - 1, 0, bins - 1)
+    y2 = edges[cell] + rng.random(y1.size) * (edges[cell + 1] - edges[cell])  # moved within bins
+    y2 = rng.permutation(y2)
+    f1 = rpwjax.fit("rpwithprior", y1, range=(0, 1), epsilon=[0.5, 2.0], prior="private", bins=bins, seed=9)
+    f2 = rpwjax.fit("rpwithprior", y2, range=(0, 1), epsilon=[0.5, 2.0], prior="private", bins=bins, seed=9)
+    assert f1.records() == f2.records()
+
+
+def test_private_prior_accounting_is_reported(rng):
+    y = rng.beta(2, 5, 1000)
+    res = rpwjax.fit("rpwithprior", y, range=(0, 1), epsilon=[1.0, 2.0], prior="private", prior_epsilon=0.2, seed=1)
+    for rec, eps in zip(res.records(), (1.0, 2.0)):
+        assert rec["epsilon_prior"] == 0.2
+        assert rec["epsilon_mechanism"] == pytest.approx(eps - 0.2)
+        assert rec["epsilon"] == eps and rec["delta"] == 0.0
+        assert rec["prior"] == {"kind": "private-histogram", "bins": 32}
+        assert rec["params"]["epsilon"] == pytest.approx(eps - 0.2)
+    known = rpwjax.fit("rpwithprior", y, range=(0, 1), epsilon=1.0)
+    assert known.records()[0]["epsilon_prior"] == 0.0 and known.records()[0]["epsilon_mechanism"] == 1.0
+
+
+def test_private_histogram_noise_scale(rng):
+    """Counts + Laplace(2/eps1): the noise before clipping has the right spread."""
+    y = np.full(100000, 0.5)
+    prior = private_histogram(y, 0, 1, 2.0, bins=1000, key=jax.random.key(0))
+    empty = np.asarray(prior.mass)[:400] * 1e9  # empty bins: only clipped noise survives
+    assert (np.asarray(prior.mass) >= 0).all() and np.asarray(prior.mass).sum() == pytest.approx(1.0)
+    # P(Lap(1) noise > 0) = 1/2 of the empty bins are non-zero
+    assert 0.4 < np.mean(empty > 0) < 0.6
+
+
+def test_private_histogram_all_zero_gives_uniform():
+    prior = private_histogram(np.array([0.5]), 0, 1, 1e-9, bins=4, key=jax.random.key(1))
+    assert np.all(np.asarray(prior.mass) >= 0) and float(np.sum(prior.mass)) == pytest.approx(1.0)
+
+
+def test_json_round_trip(fitted):
+    _, _, params, _ = fitted
+    p = params[3]
+    back = RPWithPrior.from_json(p.to_json())
+    assert back == RPWithPrior(*(np.asarray(getattr(p, f)) for f in ("epsilon", "zeta", "a1", "a2")), p.lo, p.hi, p.objective) or \
+        all(np.asarray(getattr(back, f)) == np.asarray(getattr(p, f)) for f in ("epsilon", "zeta", "a1", "a2"))
+    assert set(p.to_json()) >= {"A1", "A2", "zeta", "gamma", "objective", "epsilon"}
+
+
+# ----------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"epsilon": 0.0}, "epsilon=0.0"),
+        ({"epsilon": -1.0}, "epsilon=-1.0"),
+        ({"epsilon": float("inf")}, "epsilon=inf"),
+        ({"epsilon": float("nan")}, "epsilon=nan"),
+        ({"epsilon": 1.0, "zeta": 0.0}, "zeta=0.0"),
+        ({"epsilon": 1.0, "zeta": -0.1}, "zeta=-0.1"),
+        ({"epsilon": 1.0, "zeta": "big"}, "zeta='big'"),
+        ({"epsilon": 1.0, "objective": "outside"}, "objective='outside'"),
+    ],
+)
+def test_fit_rejects_bad_parameters(kwargs, message):
+    prior = empirical_prior([0.1, 0.5], 0, 1)
+    with pytest.raises(rpwjax.InputError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        fit_rpwithprior(prior, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "labels, rng_, message",
+    [
+        ([0.1, float("nan")], (0, 1), r"labels\[1\]=nan"),
+        ([0.1, float("inf")], (0, 1), r"labels\[1\]=inf"),
+        ([0.1, 1.5], (0, 1), r"labels\[1\]=1\.5"),
+        ([], (0, 1), "empty"),
+        ([0.1], (1, 0), "lo=1.0, hi=0.0"),
+        ([0.1], (1, 1), "lo=1.0, hi=1.0"),
+    ],
+)
+def test_fit_rejects_bad_labels_and_range(labels, rng_, message):
+    with pytest.raises(rpwjax.InputError, match=message):
+        rpwjax.fit("rpwithprior", labels, range=rng_, epsilon=1.0)
+
+
+def test_prior_epsilon_must_be_below_epsilon():
+    with pytest.raises(rpwjax.InputError, match="prior_epsilon=1.0 for epsilon=0.5"):
+        rpwjax.fit("rpwithprior", [0.2], range=(0, 1), epsilon=[2.0, 0.5], prior="private", prior_epsilon=1.0)
+
+
+def test_clip_is_opt_in():
+    res = rpwjax.fit("rpwithprior", [0.2, 1.7, -3.0], range=(0, 1), epsilon=1.0, clip=True)
+    assert res.records()[0]["range"] == [0.0, 1.0]
