@@ -11,10 +11,20 @@ from .base import Mechanism, label_mse_grid, sample_batches, sample_grid
 from .errors import InputError
 from .priors import Prior, empirical_prior, histogram_prior, private_histogram
 from .privatize import privatize_array, privatize_file
+from .additive import Gaussian, Laplace, Staircase, fit_gaussian, fit_laplace, fit_staircase
 from .rpwithprior import RPWithPrior, choose_zeta, fit_rpwithprior
+from .rr_on_bins import RROnBins, fit_rr_on_bins
 
 __all__ = [
     "FitResult",
+    "Gaussian",
+    "Laplace",
+    "RROnBins",
+    "Staircase",
+    "fit_gaussian",
+    "fit_laplace",
+    "fit_rr_on_bins",
+    "fit_staircase",
     "InputError",
     "Mechanism",
     "Prior",

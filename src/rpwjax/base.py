@@ -129,10 +129,14 @@ def sample_batches(params: Mechanism, key, ys):
     return jax.jit(jax.vmap(lambda k, y: params.sample(k, y)))(keys, ys)
 
 
+_label_mse_shared_prior = jax.jit(jax.vmap(lambda p, q: p.label_mse(q), in_axes=(0, None)))
+_label_mse_batched_prior = jax.jit(jax.vmap(lambda p, q: p.label_mse(q), in_axes=(0, 0)))
+
+
 def label_mse_grid(params: Mechanism, prior):
     """label_mse for batched params (leading ε axis); the prior may be batched alike."""
-    if params.batch_shape == ():
-        return params.label_mse(prior)
-    prior_axis = 0 if np.ndim(prior.mass) == 2 else None
     with jax.enable_x64(True):
-        return np.asarray(jax.jit(jax.vmap(lambda p, q: p.label_mse(q), in_axes=(0, prior_axis)))(params, prior))
+        if params.batch_shape == ():
+            return np.asarray(jax.jit(type(params).label_mse)(params, prior))
+        fn = _label_mse_batched_prior if np.ndim(prior.mass) == 2 else _label_mse_shared_prior
+        return np.asarray(fn(params, prior))
