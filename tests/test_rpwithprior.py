@@ -417,3 +417,16 @@ def test_prior_epsilon_must_be_below_epsilon():
 def test_clip_is_opt_in():
     res = rpwjax.fit("rpwithprior", [0.2, 1.7, -3.0], range=(0, 1), epsilon=1.0, clip=True)
     assert res.records()[0]["range"] == [0.0, 1.0]
+
+
+def test_warm_start_from_coarse_prior_gives_the_same_exact_optimum(rng):
+    """Large priors start Dinkelbach from the optimum of a coarse copy; the answer must not change."""
+    y = np.concatenate([rng.beta(2, 5, 5000), np.zeros(500), np.full(200, 1.0)])
+    prior = empirical_prior(y, 0, 1)
+    assert prior.size > 1024  # the warm-start path is taken
+    warm, info = fit_rpwithprior(prior, EPS_GRID, zeta=0.03)
+    with jax.enable_x64(True):
+        a1, a2, value, _ = _fit_shared_zeta(prior, 0.03, EPS_GRID, "neighborhood", None)
+    np.testing.assert_array_equal(warm.a1, np.asarray(a1))
+    np.testing.assert_array_equal(warm.a2, np.asarray(a2))
+    np.testing.assert_allclose(info["objective_value"], np.asarray(value), rtol=1e-13)

@@ -19,7 +19,8 @@ the ratio at the maximiser; stop when λ no longer increases (then λ is optimal
 
 Candidates. Both G are piecewise quadratic (piecewise linear for point
 masses) on the partition of [lo, hi] by the prior's breakpoints p and
-p ± 2ζ. An optimum of the inner problem has each coordinate at a partition
+p ± 2ζ (for point masses the support points alone suffice, see
+:func:`partition`). An optimum of the inner problem has each coordinate at a partition
 point, at a stationary point of its F on a piece (these depend on λ and are
 recomputed each step from the piece's quadratic coefficients), or on the
 diagonal a = b at a stationary point of G_2 - G_1 (fixed). For point masses
@@ -62,12 +63,25 @@ def g_functions(prior, zeta, objective: str):
 
 
 def partition(prior, zeta, objective: str):
-    """Sorted partition points of [lo, hi] (fixed size, depends on ζ but not ε)."""
-    points = [prior.left] if prior.discrete else [prior.left, prior.right]
-    points = jnp.concatenate(points)
+    """Sorted candidate points in [lo, hi] (fixed size; depends on ζ but not ε).
+
+    Point masses: the support points and lo, hi suffice for both objectives.
+    F1 = G1 - c·a is piecewise linear with slope P(a - 2ζ < Y < a) - c, which
+    rises only at support points (a label enters the window) and falls at
+    y + 2ζ, so every local minimum of F1 sits at a support point or an end;
+    likewise F2 = G2 - c·b rises at y - 2ζ and falls at y, so its local maxima
+    sit at support points; on the diagonal a = b the slope of G2 - G1 falls
+    only at support points. Histograms: the bin edges and, for the
+    neighbourhood objective, the edges shifted by ±2ζ (where the quadratic
+    pieces of G change).
+    """
+    ends = jnp.array([prior.lo, prior.hi], dtype=jnp.asarray(prior.left).dtype)
+    if prior.discrete:
+        # already sorted and inside [lo, hi]: no sort needed
+        return jnp.concatenate([ends[:1], jnp.asarray(prior.left), ends[1:]])
+    points = jnp.concatenate([jnp.asarray(prior.left), jnp.asarray(prior.right)])
     if objective == "neighborhood":
         points = jnp.concatenate([points, points - 2 * zeta, points + 2 * zeta])
-    ends = jnp.array([prior.lo, prior.hi], dtype=points.dtype)
     return jnp.sort(jnp.clip(jnp.concatenate([points, ends]), prior.lo, prior.hi))
 
 
@@ -134,9 +148,20 @@ def _inner(tables, prior, zeta, objective, epsilon, lam):
     return a, b, ratio
 
 
-def search(tables, prior, zeta, objective: str, epsilon):
-    """Optimal (A1, A2, J) for one ε (vmap this over an ε grid)."""
+def search(tables, prior, zeta, objective: str, epsilon, start=None):
+    """Optimal (A1, A2, J) for one ε (vmap this over an ε grid).
+
+    ``start``: an optional feasible (a, b), e.g. the optimum on a coarser copy
+    of the prior. Dinkelbach then starts from λ = J(a, b) <= λ* instead of 0
+    and needs fewer full passes; the result is the same exact optimum.
+    """
     lo = jnp.asarray(prior.lo, dtype=tables["t"].dtype)
+    if start is None:
+        state = (lo, lo, jnp.zeros((), lo.dtype), 0, False)
+    else:
+        a0 = jnp.clip(start[0], prior.lo, prior.hi)
+        b0 = jnp.clip(start[1], a0, prior.hi)
+        state = (a0, b0, objective_value(prior, zeta, objective, epsilon, a0, b0), 1, False)
 
     def cond(state):
         _, _, _, it, done = state
@@ -154,7 +179,7 @@ def search(tables, prior, zeta, objective: str, epsilon):
             ~improved,
         )
 
-    a, b, lam, _, _ = lax.while_loop(cond, body, (lo, lo, jnp.zeros((), lo.dtype), 0, False))
+    a, b, lam, _, _ = lax.while_loop(cond, body, state)
     return a, b, lam
 
 

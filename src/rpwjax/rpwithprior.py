@@ -134,18 +134,35 @@ class RPWithPrior(Mechanism):
 # --------------------------------------------------------------------------- fitting
 
 
+def _warm_start(coarse, zeta, epsilon, objective):
+    """Exact optima on a coarse copy of the prior: a feasible start for the full search."""
+    if coarse is None:
+        return None
+    tables = interval_search.make_tables(coarse, zeta, objective)
+    a, b, _ = interval_search.search(tables, coarse, zeta, objective, epsilon)
+    return a, b
+
+
 @partial(jax.jit, static_argnames=("objective",))
-def _fit_shared_zeta(prior, zeta, epsilon, objective):
+def _fit_shared_zeta(prior, zeta, epsilon, objective, coarse=None):
     # tables depend on (prior, ζ) only: built once, shared by the whole ε grid
     tables = interval_search.make_tables(prior, zeta, objective)
-    return jax.vmap(lambda e: interval_search.search(tables, prior, zeta, objective, e))(epsilon)
+
+    def one(e):
+        start = _warm_start(coarse, zeta, e, objective)
+        a, b, value = interval_search.search(tables, prior, zeta, objective, e, start)
+        return a, b, value, interval_search.objective_value(prior, zeta, "neighborhood", e, a, b)
+
+    return jax.vmap(one)(epsilon)
 
 
 @partial(jax.jit, static_argnames=("objective", "prior_batched"))
-def _fit_per_epsilon(prior, zeta, epsilon, objective, prior_batched):
+def _fit_per_epsilon(prior, zeta, epsilon, objective, prior_batched, coarse=None):
     def one(p, z, e):
         tables = interval_search.make_tables(p, z, objective)
-        return interval_search.search(tables, p, z, objective, e)
+        start = _warm_start(coarse, z, e, objective)
+        a, b, value = interval_search.search(tables, p, z, objective, e, start)
+        return a, b, value, interval_search.objective_value(p, z, "neighborhood", e, a, b)
 
     return jax.vmap(one, in_axes=(0 if prior_batched else None, 0, 0))(prior, zeta, epsilon)
 
@@ -232,15 +249,15 @@ def fit_rpwithprior(prior: Prior, epsilon, *, zeta="auto", objective: str = "nei
         zetas = choose_zeta(prior, eps_grid, objective)
     else:
         zetas = np.full(eps_grid.shape, check_positive(zeta, "zeta"))
+    coarse = _search_prior(prior)
+    coarse = None if coarse is prior else coarse
     with jax.enable_x64(True):
         if prior_batched or not np.all(zetas == zetas[0]):
-            a1, a2, value = _fit_per_epsilon(prior, zetas, eps_grid, objective, prior_batched)
+            a1, a2, value, preservation = _fit_per_epsilon(prior, zetas, eps_grid, objective, prior_batched, coarse)
         else:
-            a1, a2, value = _fit_shared_zeta(prior, zetas[0], eps_grid, objective)
+            a1, a2, value, preservation = _fit_shared_zeta(prior, zetas[0], eps_grid, objective, coarse)
         params = RPWithPrior(eps_grid, zetas, np.asarray(a1), np.asarray(a2), prior.lo, prior.hi, objective)
-        in_axes = (0, 0 if prior_batched else None)
-        preservation = np.asarray(jax.vmap(lambda p, q: p.preservation(q), in_axes=in_axes)(params, prior))
-    info = {"preservation": preservation, "objective_value": np.asarray(value)}
+    info = {"preservation": np.asarray(preservation), "objective_value": np.asarray(value)}
     if scalar:
         params = params[0]
         info = {k: v[0] for k, v in info.items()}
