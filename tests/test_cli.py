@@ -96,6 +96,9 @@ def test_privatize_with_saved_params_keeps_rows_columns_and_order(files, tmp_pat
     side = json.loads((tmp_path / f"o.{fmt}.json").read_text())
     assert side["rows"] == table.num_rows and side["params"] == rec["params"]
     assert "seed" not in json.dumps(side)  # the secret seed never reaches the sidecar
+    step = side["output_grid"]
+    assert step > 0 and np.log2(step) == np.round(np.log2(step))  # a power of two
+    np.testing.assert_array_equal(np.round(noisy / step) * step, noisy)  # low bits carry nothing
 
 
 def test_privatize_is_independent_of_chunk_size_and_reproducible(files, tmp_path, capsys):

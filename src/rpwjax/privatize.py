@@ -26,23 +26,46 @@ from .errors import InputError, check_labels
 
 BLOCK_ROWS = 1 << 16
 DEFAULT_CHUNK_ROWS = 1 << 20
+GRID_BITS = 24  # output grid step = 2**(floor(log2(hi - lo)) - GRID_BITS)
 
 
-@partial(jax.jit, static_argnames=("num_blocks",))
-def _sample_blocks(params, key, first_block, y_blocks, num_blocks):
+def output_grid(params: Mechanism) -> float | None:
+    """The public grid step continuous outputs are snapped to (None for discrete outputs).
+
+    A power of two, so grid points are exact in float64: rounding to it
+    erases the low-order bits of the floating-point sample, which could
+    otherwise carry information about the true label beyond what the ideal
+    real-valued mechanism reveals. Snapping is post-processing: it costs no
+    privacy.
+    """
+    if params.discrete:
+        return None
+    return float(2.0 ** (np.floor(np.log2(params.hi - params.lo)) - GRID_BITS))
+
+
+@partial(jax.jit, static_argnames=("num_blocks", "grid"))
+def _sample_blocks(params, key, first_block, y_blocks, num_blocks, grid):
     keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(first_block + jnp.arange(num_blocks))
-    return jax.vmap(params.sample)(keys, y_blocks)
+    out = jax.vmap(params.sample)(keys, y_blocks)
+    if grid is not None:
+        out = jnp.round(out / grid) * grid
+    return out
 
 
 def privatize_array(params: Mechanism, key, labels, *, start: int = 0) -> np.ndarray:
-    """Noisy labels for ``labels`` sitting at global rows ``start ...`` (float64, any chunking)."""
+    """Noisy labels for ``labels`` sitting at global rows ``start ...`` (float64, any chunking).
+
+    Continuous outputs are snapped to :func:`output_grid`.
+    """
     y = np.asarray(labels, dtype=np.float64).ravel()
     offset = start % BLOCK_ROWS
     num_blocks = -(-(offset + y.size) // BLOCK_ROWS)
     padded = np.full(num_blocks * BLOCK_ROWS, params.lo, dtype=np.float64)
     padded[offset : offset + y.size] = y
     with jax.enable_x64(True):
-        out = _sample_blocks(params, key, start // BLOCK_ROWS, padded.reshape(num_blocks, BLOCK_ROWS), num_blocks)
+        out = _sample_blocks(
+            params, key, start // BLOCK_ROWS, padded.reshape(num_blocks, BLOCK_ROWS), num_blocks, output_grid(params)
+        )
         out = np.asarray(out).reshape(-1)
     return out[offset : offset + y.size]
 
@@ -99,6 +122,6 @@ def privatize_file(
                 writer.close()
         if rows == 0:
             raise InputError(f"input file {str(input_path)!r} has no rows")
-        sidecar = dict(record, rows=rows, label_column=label_column)
+        sidecar = dict(record, rows=rows, label_column=label_column, output_grid=output_grid(params))
         io.write_json(str(output_path) + ".json", sidecar)
     return sidecar
