@@ -1,5 +1,9 @@
 """Apply a fitted mechanism to labels: arrays, and whole files streamed in chunks.
 
+Work is sharded over all JAX devices block by block; since a block's
+randomness depends only on its index, the output does not depend on the
+number of devices either.
+
 Randomness is tied to the GLOBAL row index, not to how the rows are chunked:
 rows are grouped in fixed blocks of :data:`BLOCK_ROWS`; block ``b`` samples
 with ``fold_in(key, b)`` and every mechanism draws per-element randomness, so
@@ -59,13 +63,19 @@ def privatize_array(params: Mechanism, key, labels, *, start: int = 0) -> np.nda
     """
     y = np.asarray(labels, dtype=np.float64).ravel()
     offset = start % BLOCK_ROWS
+    devices = jax.devices()
     num_blocks = -(-(offset + y.size) // BLOCK_ROWS)
+    num_blocks = -(-num_blocks // len(devices)) * len(devices)  # whole blocks on every device
     padded = np.full(num_blocks * BLOCK_ROWS, params.lo, dtype=np.float64)
     padded[offset : offset + y.size] = y
     with jax.enable_x64(True):
-        out = _sample_blocks(
-            params, key, start // BLOCK_ROWS, padded.reshape(num_blocks, BLOCK_ROWS), num_blocks, output_grid(params)
-        )
+        blocks = padded.reshape(num_blocks, BLOCK_ROWS)
+        if len(devices) > 1:
+            # blocks are independent (each has its own key), so sharding them over
+            # devices changes where a block is computed, never what it computes
+            mesh = jax.sharding.Mesh(np.array(devices), ("blocks",))
+            blocks = jax.device_put(blocks, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("blocks")))
+        out = _sample_blocks(params, key, start // BLOCK_ROWS, blocks, num_blocks, output_grid(params))
         out = np.asarray(out).reshape(-1)
     return out[offset : offset + y.size]
 

@@ -1,0 +1,37 @@
+"""Sharding over devices never changes a bit of the output."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys, numpy as np, jax, rpwjax
+    y = np.random.default_rng(0).beta(2, 5, 200_003)
+    fit = rpwjax.fit("{mechanism}", y, range=(0, 1), epsilon=1.0)
+    out = rpwjax.privatize_array(fit.params, jax.random.key(3), y[7:], start=7)
+    np.save(sys.argv[1], out)
+    print(jax.device_count())
+    """
+)
+
+
+def _run(tmp_path, devices, mechanism):
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    target = tmp_path / f"{mechanism}-{devices}.npy"
+    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(mechanism=mechanism), str(target)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(devices)
+    return np.load(target)
+
+
+def test_one_and_four_devices_give_identical_output(tmp_path):
+    for mechanism in ("rpwithprior", "staircase"):
+        one = _run(tmp_path, 1, mechanism)
+        four = _run(tmp_path, 4, mechanism)
+        assert one.shape == (200_003 - 7,)
+        np.testing.assert_array_equal(one, four)
