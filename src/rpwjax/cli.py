@@ -12,6 +12,8 @@ import sys
 
 from . import __version__
 
+DEFAULT_BINS_CLI = 32
+
 EXIT_INPUT = 2
 
 
@@ -142,6 +144,58 @@ def cmd_privatize(args) -> int:
     return 0
 
 
+def _sweep(split, config, out_dir, quiet) -> int:
+    from pathlib import Path
+
+    from .experiments import format_table, run_sweep, summarize, write_rows
+    from .plots import plot_curves
+
+    rows = run_sweep(split, config, progress=not quiet)
+    out = Path(out_dir)
+    write_rows(rows, out / "results.csv")
+    paths = plot_curves(rows, out)
+    print(format_table(summarize(rows)))
+    print(f"results: {out / 'results.csv'}")
+    for p in paths:
+        print(f"plot: {p}")
+    return 0
+
+
+def cmd_curves(args) -> int:
+    from .datasets import load_dataset, load_table, train_test_split
+    from .errors import InputError
+    from .experiments import PAPER_EPSILONS, SweepConfig
+
+    if (args.dataset is None) == (args.data is None):
+        raise InputError("give exactly one of --dataset NAME or --data FILE")
+    if args.data is not None:
+        if args.label_column is None or args.range is None:
+            raise InputError("--data needs --label-column COL and --range LO HI (the range is public input)")
+        dataset = load_table(args.data, args.label_column, args.range[0], args.range[1], clip=args.clip)
+    else:
+        dataset = load_dataset(args.dataset)
+    config = SweepConfig(
+        mechanisms=tuple(args.mechanisms) if args.mechanisms else SweepConfig.mechanisms,
+        epsilons=tuple(args.epsilon) if args.epsilon else PAPER_EPSILONS,
+        seeds=args.seeds,
+        epochs=args.epochs,
+        prior=args.prior,
+        prior_epsilon=args.prior_epsilon,
+        bins=args.bins,
+    )
+    return _sweep(train_test_split(dataset, seed=0), config, args.out, args.quiet)
+
+
+def cmd_demo(args) -> int:
+    from .datasets import load_dataset, train_test_split
+    from .experiments import SweepConfig
+
+    config = SweepConfig(epsilons=(0.1, 0.5, 1.0, 2.0, 8.0), seeds=2, epochs=15)
+    print("rpwjax demo: all six mechanisms on bundled California Housing, eps in {0.1, 0.5, 1, 2, 8}, "
+          "2 seeds, 15 epochs, private histogram prior (eps1 = 0.1 eps)")
+    return _sweep(train_test_split(load_dataset("california"), seed=0), config, args.out, args.quiet)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .privatize import DEFAULT_CHUNK_ROWS
 
@@ -170,6 +224,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_fit_options(p, many_epsilons=False, required=False)
     p.set_defaults(func=cmd_privatize)
+
+    from .api import MECHANISMS, PRIORS
+
+    p = sub.add_parser("curves", help="privacy-utility sweep: train MLPs on privatized labels, plot test MSE against epsilon")
+    p.add_argument("--dataset", choices=["california", "crime", "criteo-synthetic"], default=None)
+    p.add_argument("--data", default=None, help="your own .csv/.parquet (numeric feature columns + label column)")
+    p.add_argument("--label-column", default=None)
+    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range (with --data)")
+    p.add_argument("--mechanisms", nargs="+", choices=list(MECHANISMS), default=None, help="default: all six")
+    p.add_argument("--epsilon", type=float, nargs="+", default=None, help="default: the paper's ten values")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=50)
+    p.add_argument("--prior", choices=list(PRIORS), default="private", help="default private (Hist_eps)")
+    p.add_argument("--prior-epsilon", type=float, default=None, help="epsilon_1 (default 0.1*epsilon)")
+    p.add_argument("--bins", type=int, default=DEFAULT_BINS_CLI)
+    p.add_argument("--clip", action="store_true", help="clip labels outside --range")
+    p.add_argument("--out", required=True, help="output directory (results.csv and plots)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_curves)
+
+    p = sub.add_parser("demo", help="a reduced sweep on bundled California Housing: table and plot (a few minutes)")
+    p.add_argument("--out", default="rpwjax-demo", help="output directory (default rpwjax-demo)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_demo)
     return parser
 
 

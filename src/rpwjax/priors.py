@@ -109,6 +109,14 @@ class Prior:
         return 0.5 * (self.left + self.right)
 
 
+def epsilon_keys(key, epsilons):
+    """One key per ε, derived from the ε value's float64 bits (not its index in a grid)."""
+    bits = np.asarray(epsilons, dtype=np.float64).reshape(-1).view(np.uint64)
+    high = (bits >> np.uint64(32)).astype(np.uint32)
+    low = (bits & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    return jax.vmap(lambda h, l: jax.random.fold_in(jax.random.fold_in(key, h), l))(high, low)
+
+
 def empirical_prior(labels, lo, hi, *, weights=None, clip: bool = False) -> Prior:
     """Known prior: the empirical distribution of ``labels`` (weighted point masses)."""
     lo, hi = check_range(lo, hi)
@@ -154,7 +162,9 @@ def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, key, clip: bo
     noise (replace-one neighbours change two counts by one: L1 sensitivity 2),
     clipped at zero and normalised (all zero gives the uniform prior).
     With a 1-d ``epsilon_prior`` each value gets its own independent noise
-    (``fold_in(key, i)``) and the result carries a leading axis.
+    (:func:`epsilon_keys`: the key depends on the value, not on its position
+    in the grid, so one cell of a sweep can be rerun alone) and the result
+    carries a leading axis.
     """
     lo, hi = check_range(lo, hi)
     eps1 = check_epsilon(epsilon_prior, "epsilon_prior")
@@ -166,7 +176,7 @@ def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, key, clip: bo
     # np.histogram puts hi into the last bin; the count is the only thing read from the labels
     counts, _ = np.histogram(y, bins=edges)
     flat = eps1.reshape(-1)
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(flat.size))
+    keys = epsilon_keys(key, flat)
     with jax.enable_x64(True):
         noise = jax.vmap(lambda k: jax.random.laplace(k, (bins,), dtype=jnp.float64))(keys)
         noise = np.asarray(noise) * (2.0 / flat)[:, None]

@@ -180,6 +180,7 @@ def train_many(
     halve_every: int = 10,
     hidden=(128, 64),
     return_losses: bool = False,
+    on_epoch=None,
 ):
     """Train ``M = len(seeds)`` MLPs at once; returns their parameters, batched over ``M``.
 
@@ -190,7 +191,8 @@ def train_many(
     depend on ``seeds[i]`` alone.
 
     With ``return_losses=True`` also returns the mean training loss of every
-    epoch, shape ``(epochs, M)``.
+    epoch, shape ``(epochs, M)``. ``on_epoch()`` is called after each epoch
+    (progress bars).
     """
     x = _check_features(x_train, "x_train")
     n = x.shape[0]
@@ -220,6 +222,9 @@ def train_many(
     for epoch in range(epochs):
         params, opt_state, loss = _epoch_many(params, opt_state, shuffle_keys, epoch, x_dev, y_dev, config=config)
         losses.append(loss)
+        if on_epoch is not None:
+            loss.block_until_ready()  # so a progress bar shows work done, not work queued
+            on_epoch()
     if return_losses:
         return params, np.asarray(jnp.stack(losses))
     return params

@@ -1,0 +1,199 @@
+"""Privacy-utility sweeps (SPEC section 5): privatize train labels, train many MLPs at once, score.
+
+One sweep = data set x mechanisms x ε grid x seeds. Each mechanism is fitted
+over the whole ε grid in one vmapped call; every (mechanism, ε, seed) draws
+its own noisy copy of the training labels; then ALL models train together in
+one vmapped training run (:func:`rpwjax.training.train_many`), in slices of
+at most ``max_models``. Test MSE is measured on the TRUE test labels.
+
+Reproducibility: randomness derives from (seed, mechanism, ε value), never
+from a position in a grid, so rerunning one cell of a committed sweep (one
+mechanism, one ε, the same seeds) gives the same noisy labels and the same
+models, up to float32 rounding of the batched training.
+Seeds here are public on purpose (reproducible research); for real releases
+the noise seed must be secret.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import jax
+import numpy as np
+
+from . import api
+from .datasets import Split
+from .errors import InputError, check_epsilon
+from .priors import epsilon_keys
+from .training import test_mse_many, train_many
+
+PAPER_EPSILONS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 4.0, 8.0)
+NON_PRIVATE = "non-private"
+COLUMNS = ("dataset", "mechanism", "epsilon", "seed", "test_mse", "label_mse", "fit_seconds", "sample_seconds")
+# mechanism options used by sweeps (documented in the README)
+SWEEP_OPTIONS = {"rpwithprior": {"zeta": "auto"}, "gaussian": {"delta": 1e-5, "calibration": "analytic"}}
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    mechanisms: tuple[str, ...] = tuple(api.MECHANISMS)
+    epsilons: tuple[float, ...] = PAPER_EPSILONS
+    seeds: int = 3
+    epochs: int = 50
+    prior: str = "private"
+    prior_epsilon: float | None = None
+    bins: int = api.DEFAULT_BINS
+    max_models: int = 360
+
+    def validate(self):
+        for m in self.mechanisms:
+            if m not in api.MECHANISMS:
+                raise InputError(f"mechanism must be one of {', '.join(api.MECHANISMS)}, got mechanism={m!r}")
+        check_epsilon(np.asarray(self.epsilons, np.float64))
+        for name in ("seeds", "epochs", "max_models", "bins"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or int(v) != v or v < 1:
+                raise InputError(f"{name} must be a positive integer, got {name}={v!r}")
+        if self.prior not in api.PRIORS:
+            raise InputError(f"prior must be one of {', '.join(api.PRIORS)}, got prior={self.prior!r}")
+        return self
+
+
+def _mechanism_index(name: str) -> int:
+    return list(api.MECHANISMS).index(name)
+
+
+@jax.jit
+def _sample_per_epsilon(params, keys, y):
+    return jax.vmap(lambda p, k: p.sample(k, y))(params, keys)
+
+
+def privatize_grid(fit: api.FitResult, seed: int, mechanism: str, labels) -> np.ndarray:
+    """Noisy copies of ``labels`` for every ε of ``fit``: (E, n) float32; keys from (seed, mechanism, ε)."""
+    key = jax.random.fold_in(jax.random.key(seed), _mechanism_index(mechanism))
+    keys = epsilon_keys(key, np.atleast_1d(fit.epsilon))
+    y = np.asarray(labels, np.float32)
+    return np.asarray(_sample_per_epsilon(fit.params, keys, y))
+
+
+def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> list[dict]:
+    """All cells of the sweep as tidy rows (see :data:`COLUMNS`), non-private floor included."""
+    from tqdm.auto import tqdm
+
+    config.validate()
+    eps = np.asarray(config.epsilons, np.float64)
+    y = split.y_train
+    jobs = []  # (mechanism, epsilon, seed, noisy labels, label mse, fit s, sample s)
+    total_fits = len(config.mechanisms) * (config.seeds if config.prior == "private" else 1)
+    with tqdm(total=total_fits, desc=f"{split.name}: fit+privatize", disable=not progress, unit="fit") as bar:
+        for mech in config.mechanisms:
+            fit = None
+            for seed in range(config.seeds):
+                if fit is None or config.prior == "private":
+                    start = time.perf_counter()
+                    fit = api.fit(
+                        mech, y, range=(split.lo, split.hi), epsilon=eps, prior=config.prior,
+                        prior_epsilon=config.prior_epsilon, bins=config.bins,
+                        seed=10_000 + seed, **SWEEP_OPTIONS.get(mech, {}),
+                    )
+                    fit_seconds = (time.perf_counter() - start) / eps.size
+                    bar.update(1)
+                start = time.perf_counter()
+                noisy = privatize_grid(fit, seed, mech, y)
+                sample_seconds = (time.perf_counter() - start) / eps.size
+                label_mse = np.mean((noisy.astype(np.float64) - y) ** 2, axis=1)
+                for i, e in enumerate(eps):
+                    jobs.append((mech, float(e), seed, noisy[i], float(label_mse[i]), fit_seconds, sample_seconds))
+    # the floor: the same network on the true labels
+    for seed in range(config.seeds):
+        jobs.append((NON_PRIVATE, math.inf, seed, np.asarray(y, np.float32), 0.0, 0.0, 0.0))
+
+    rows = []
+    slices = range(0, len(jobs), config.max_models)
+    with tqdm(total=len(slices) * config.epochs, desc=f"{split.name}: train {len(jobs)} models",
+              disable=not progress, unit="epoch") as bar:
+        for lo in slices:
+            part = jobs[lo : lo + config.max_models]
+            targets = np.stack([j[3] for j in part])
+            seeds = np.array([j[2] for j in part])
+            params = train_many(split.x_train, targets, seeds, epochs=config.epochs, on_epoch=lambda: bar.update(1))
+            mse = test_mse_many(params, split.x_test, split.y_test)
+            for job, m in zip(part, mse):
+                rows.append(dict(zip(COLUMNS, (split.name, job[0], job[1], job[2], float(m), job[4], job[5], job[6]))))
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Mean and std over seeds of test and label MSE, per (dataset, mechanism, ε)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["mechanism"], r["epsilon"]), []).append(r)
+    out = []
+    for (dataset, mech, eps), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        t = np.array([r["test_mse"] for r in rs])
+        lm = np.array([r["label_mse"] for r in rs])
+        out.append({
+            "dataset": dataset, "mechanism": mech, "epsilon": eps, "seeds": len(rs),
+            "test_mse_mean": float(t.mean()), "test_mse_std": float(t.std(ddof=1)) if len(rs) > 1 else 0.0,
+            "label_mse_mean": float(lm.mean()),
+        })
+    return out
+
+
+def mechanism_label(name: str) -> str:
+    """Legend/table name; the Gaussian is only (ε, δ)-DP and says so."""
+    if name == "gaussian":
+        return f"gaussian ((ε,δ)-DP, δ={SWEEP_OPTIONS['gaussian']['delta']:g})"
+    return name
+
+
+def format_table(summary: list[dict]) -> str:
+    """A plain-text table: rows = ε, columns = mechanisms, cells = mean ± std test MSE; best per row marked *."""
+    lines = []
+    for dataset in sorted({s["dataset"] for s in summary}):
+        sub = [s for s in summary if s["dataset"] == dataset]
+        floor = [s for s in sub if s["mechanism"] == NON_PRIVATE]
+        mechs = [m for m in dict.fromkeys(s["mechanism"] for s in sub) if m != NON_PRIVATE]
+        epsilons = sorted({s["epsilon"] for s in sub if s["mechanism"] != NON_PRIVATE})
+        lines.append(f"{dataset}: test MSE (mean ± std over seeds); * = best at that ε")
+        if floor:
+            lines.append(f"  non-private floor: {floor[0]['test_mse_mean']:.4g} ± {floor[0]['test_mse_std']:.2g}")
+        header = ["epsilon"] + [mechanism_label(m) for m in mechs]
+        table = [header]
+        for e in epsilons:
+            cells = {s["mechanism"]: s for s in sub if s["epsilon"] == e}
+            best = min((cells[m]["test_mse_mean"] for m in mechs if m in cells), default=None)
+            row = [f"{e:g}"]
+            for m in mechs:
+                c = cells.get(m)
+                if c is None:
+                    row.append("-")
+                    continue
+                mark = "*" if c["test_mse_mean"] == best else " "
+                row.append(f"{c['test_mse_mean']:.4g} ± {c['test_mse_std']:.2g}{mark}")
+            table.append(row)
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        for r in table:
+            lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_rows(rows: list[dict], path) -> None:
+    """Tidy results as CSV (atomic)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from .io import atomic_path
+
+    table = pa.table({c: [r[c] for r in rows] for c in COLUMNS})
+    with atomic_path(path) as tmp:
+        pacsv.write_csv(table, tmp)
+
+
+def read_rows(path) -> list[dict]:
+    import pyarrow.csv as pacsv
+
+    return pacsv.read_csv(path).to_pylist()
