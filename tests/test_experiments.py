@@ -1,0 +1,81 @@
+"""Sweeps: tidy rows, reproducible cells, plots, user data through --data."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+from rpwjax import cli
+from rpwjax.datasets import load_dataset, train_test_split
+from rpwjax.errors import InputError
+from rpwjax.experiments import COLUMNS, NON_PRIVATE, SweepConfig, run_sweep, summarize
+
+
+@pytest.fixture(scope="module")
+def crime_split():
+    return train_test_split(load_dataset("crime"), seed=0)
+
+
+@pytest.fixture(scope="module")
+def small_sweep(crime_split):
+    config = SweepConfig(mechanisms=("rpwithprior", "laplace"), epsilons=(0.5, 4.0), seeds=2, epochs=2)
+    return run_sweep(crime_split, config, progress=False)
+
+
+def test_rows_are_tidy_and_complete(small_sweep):
+    assert all(set(r) == set(COLUMNS) for r in small_sweep)
+    cells = {(r["mechanism"], r["epsilon"], r["seed"]) for r in small_sweep}
+    assert len(cells) == len(small_sweep) == 2 * 2 * 2 + 2
+    assert {r["mechanism"] for r in small_sweep} == {"rpwithprior", "laplace", NON_PRIVATE}
+    for r in small_sweep:
+        assert np.isfinite(r["test_mse"]) and r["test_mse"] > 0
+        if r["mechanism"] == "laplace":  # mean of X^2, X ~ Lap(b): 2 b^2, sd sqrt(20) b^2 / sqrt(n)
+            b, n = 1.0 / r["epsilon"], 1596
+            assert abs(r["label_mse"] - 2 * b**2) < 5 * np.sqrt(20) * b**2 / np.sqrt(n)
+
+
+def test_one_cell_rerun_alone_reproduces(crime_split, small_sweep):
+    config = SweepConfig(mechanisms=("rpwithprior",), epsilons=(4.0,), seeds=2, epochs=2)
+    again = run_sweep(crime_split, config, progress=False)
+    for r in again:
+        if r["mechanism"] == NON_PRIVATE:
+            continue
+        (orig,) = [o for o in small_sweep if (o["mechanism"], o["epsilon"], o["seed"]) == (r["mechanism"], r["epsilon"], r["seed"])]
+        assert r["label_mse"] == orig["label_mse"]  # identical noisy labels
+        assert r["test_mse"] == pytest.approx(orig["test_mse"], rel=1e-3)  # float32 batched training
+
+
+def test_summary_has_mean_and_std(small_sweep):
+    s = summarize(small_sweep)
+    lap = [c for c in s if c["mechanism"] == "laplace" and c["epsilon"] == 0.5][0]
+    vals = [r["test_mse"] for r in small_sweep if r["mechanism"] == "laplace" and r["epsilon"] == 0.5]
+    assert lap["test_mse_mean"] == pytest.approx(np.mean(vals)) and lap["test_mse_std"] == pytest.approx(np.std(vals, ddof=1))
+
+
+def test_curves_on_unseen_user_data(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    n = 1200
+    x = rng.normal(size=(n, 3))
+    y = np.clip(10 + 3 * x[:, 0] - 2 * x[:, 1] + rng.normal(size=n), 0, 20)
+    pacsv.write_csv(pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "target": y}), tmp_path / "mine.csv")
+    code = cli.main(["curves", "--data", str(tmp_path / "mine.csv"), "--label-column", "target", "--range", "0", "20",
+                     "--mechanisms", "rpwithprior", "rr-on-bins", "--epsilon", "1", "--seeds", "1", "--epochs", "2",
+                     "--out", str(tmp_path / "out"), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert (tmp_path / "out" / "results.csv").exists() and (tmp_path / "out" / "mine_curves.png").exists()
+    assert "rpwithprior" in out and "non-private floor" in out
+    rows = pacsv.read_csv(tmp_path / "out" / "results.csv").to_pylist()
+    assert len(rows) == 3
+
+
+def test_curves_needs_a_range_with_data(tmp_path, capsys):
+    code = cli.main(["curves", "--data", "x.csv", "--label-column", "t", "--out", str(tmp_path)])
+    assert code != 0 and "--range" in capsys.readouterr().err
+
+
+def test_bad_sweep_config():
+    with pytest.raises(InputError, match="seeds=0"):
+        SweepConfig(seeds=0).validate()
+    with pytest.raises(InputError, match="mechanism='magic'"):
+        SweepConfig(mechanisms=("magic",)).validate()
