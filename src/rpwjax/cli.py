@@ -244,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_curves)
 
+    from . import bench
+
+    p = sub.add_parser("bench", help="runtime benchmarks against baselines and the hardware floor: results.json, plots")
+    bench.add_arguments(p)
+    p.set_defaults(func=bench.run)
+
     p = sub.add_parser("demo", help="a reduced sweep on bundled California Housing: table and plot (a few minutes)")
     p.add_argument("--out", default="rpwjax-demo", help="output directory (default rpwjax-demo)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

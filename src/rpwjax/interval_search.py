@@ -109,6 +109,15 @@ def make_tables(prior, zeta, objective: str):
     """Everything the ε loop needs that does not depend on ε."""
     g1, g2 = g_functions(prior, zeta, objective)
     t = partition(prior, zeta, objective)
+    if prior.discrete and objective == "neighborhood":
+        # t = [lo, support..., hi]: H(t) comes straight from prefix sums, only the
+        # shifted points need a search (this is the hot path for large label sets)
+        left, mass = jnp.asarray(prior.left), jnp.asarray(prior.mass)
+        cum_mass, cum_first = jnp.cumsum(mass), jnp.cumsum(mass * left)
+        h_support = left * cum_mass - cum_first
+        h_t = jnp.concatenate([jnp.zeros(1, t.dtype), h_support, (prior.hi * cum_mass[-1] - cum_first[-1])[None]])
+        h = prior.partial_expectation
+        return {"t": t, "g1": h_t - h(t - 2 * zeta), "g2": h(t + 2 * zeta) - h_t}
     tables = {"t": t, "g1": g1(t), "g2": g2(t)}
     if not prior.discrete and objective == "neighborhood":
         d1, q1 = _quadratic_pieces(g1, t)

@@ -1,0 +1,105 @@
+"""Smoke test of the benchmark runner (``rpwjax bench``) on tiny sizes.
+
+Timings here mean nothing; the test checks the runner's contract: the
+results file, one sampling case per registered mechanism, ratios taken
+against the baseline of the same run, the targets section and the plots.
+"""
+
+import argparse
+import json
+import math
+
+import numpy as np
+import pytest
+
+from rpwjax import bench
+from rpwjax.api import MECHANISMS
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--plan", "tiny", "--out", str(out), "--cache", str(out / "cache"), "--quiet"])
+    code = bench.run(args)
+    return code, out, json.loads((out / "results.json").read_text())
+
+
+def test_runs_every_case_without_error(bench_run):
+    code, _, results = bench_run
+    assert results["errors"] == []
+    assert code == 0
+    assert all(c["median_s"] > 0 and c["repeats"] >= 1 for c in results["cases"])
+
+
+def test_results_structure(bench_run):
+    _, _, results = bench_run
+    assert results["schema_version"] == bench.SCHEMA_VERSION
+    assert results["plan"] == "tiny"
+    machine = results["machine"]
+    for key in ("cpu_count", "jax", "platform", "date", "backend"):
+        assert machine[key]
+    for case in results["cases"]:
+        for key in ("family", "name", "size", "size_unit", "median_s", "repeats", "samples_s", "baseline", "ratio"):
+            assert key in case
+        if case["median_s"] is not None:
+            assert case["median_s"] == pytest.approx(float(np.median(case["samples_s"])))
+            assert len(case["samples_s"]) == case["repeats"]
+    assert {c["family"] for c in results["cases"]} == set(bench.FAMILIES)
+
+
+def test_every_registered_mechanism_has_a_sampling_case(bench_run):
+    _, _, results = bench_run
+    sampled = {c["meta"].get("mechanism") for c in results["cases"] if c["family"] == "sampling"}
+    assert set(MECHANISMS) <= sampled
+    floor = [c for c in results["cases"] if c["name"] == "uniform-floor"]
+    assert floor and all(c["median_s"] for c in floor)
+
+
+def test_ratios_are_against_the_same_runs_baseline(bench_run):
+    _, _, results = bench_run
+    cases = results["cases"]
+    with_baseline = [c for c in cases if c["baseline"] and c["median_s"]]
+    assert {c["family"] for c in with_baseline} >= {"sampling", "search-histogram", "privatize"}
+    for c in with_baseline:
+        (base,) = [b for b in cases if b["family"] == c["family"] and b["size"] == c["size"] and b["name"] == c["baseline"]]
+        assert c["baseline_median_s"] == base["median_s"]
+        assert math.isclose(c["ratio"], c["median_s"] / base["median_s"], rel_tol=1e-12)
+
+
+def test_targets_section(bench_run):
+    _, _, results = bench_run
+    targets = results["targets"]
+    assert set(targets) == {t["name"] for t in bench.TARGETS}
+    for t in targets.values():
+        assert {"value", "threshold", "met"} <= set(t)
+        assert t["value"] is not None and isinstance(t["met"], bool)
+        assert t["proxy"] is True  # tiny sizes are never the specified ones
+
+
+def test_plots_exist(bench_run):
+    _, out, results = bench_run
+    assert sorted(results["plots"]) == sorted(f"{f}.png" for f in bench.FAMILIES)
+    for name in results["plots"]:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_reference_reaches_the_exact_optimum():
+    """The O(k³) reference and the exact search agree on the 'inside' objective (same histogram)."""
+    from rpwjax.rpwithprior import fit_rpwithprior
+
+    algorithm1 = bench.load_reference()
+    prior = bench.histogram(12)
+    edges = np.concatenate([np.asarray(prior.left), np.asarray(prior.right)[-1:]])
+    zeta = bench.SEARCH_ZETA_FRACTION * (prior.hi - prior.lo)
+    _, _, value_ref = algorithm1(edges, np.asarray(prior.mass), 1.0, zeta)
+    _, info = fit_rpwithprior(prior, 1.0, zeta=zeta, objective="inside")
+    assert float(info["objective_value"]) == pytest.approx(value_ref, rel=1e-9)
+    bench.clear_caches()
+
+
+def test_privatize_case_uses_the_cli_chunk_size():
+    from rpwjax.privatize import DEFAULT_CHUNK_ROWS
+
+    assert bench.PRIVATIZE_CHUNK_ROWS == DEFAULT_CHUNK_ROWS
