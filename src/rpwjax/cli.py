@@ -250,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(p)
     p.set_defaults(func=bench.run)
 
+    from . import audit
+
+    p = sub.add_parser("audit", help="check each mechanism's privacy guarantee exactly and by sampling")
+    audit.add_arguments(p)
+    p.set_defaults(func=audit.run)
+
     p = sub.add_parser("demo", help="a reduced sweep on bundled California Housing: table and plot (a few minutes)")
     p.add_argument("--out", default="rpwjax-demo", help="output directory (default rpwjax-demo)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

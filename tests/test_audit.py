@@ -1,0 +1,252 @@
+"""rpwjax audit: every registered mechanism passes; deliberately broken ones are caught."""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from rpwjax import audit as audit_module
+from rpwjax.additive import Laplace, Staircase, gaussian_delta
+from rpwjax.api import mechanism_names
+from rpwjax.audit import audit_mechanism, clopper_pearson, fit_example
+from rpwjax.errors import InputError
+from rpwjax.rpwithprior import RPWithPrior
+from rpwjax.rr_on_bins import RROnBins
+
+SAMPLES = 200_000  # per label; enough to catch every broken mechanism below with a wide margin
+# mechanisms known to spend their whole budget on the pair (lo, hi): the audit must come close to ε on them
+TIGHT = {"laplace", "staircase", "rpwithprior", "rr-on-bins"}
+
+
+# --------------------------------------------------------------------------- broken mechanisms
+
+
+class StaircaseOuterBranchBroken(Staircase):
+    r"""Claims the staircase density, but its sampler picks the outer sub-interval w.p. b/(1+b).
+
+    The correct probability is (1-γ)b/(γ + (1-γ)b): the bug ignores γ's weighting.
+    With P(G = k) = (1-b)b^k and a random sign, the sampled noise density is
+
+        inner_k = (1-b) b^k / (2Δγ(1+b)),   outer_k = (1-b) b^{k+1} / (2Δ(1-γ)(1+b)),
+
+    so inner_k / outer_k = e^ε (1-γ)/γ. A label shift of Δ maps ỹ ∈ [lo, lo + γΔ)
+    from inner_0 of y = lo onto outer_0 of y = hi (γ < 1/2), so the true privacy loss
+    is ε + log((1-γ)/γ) > ε: 1.336 at ε = 1 (γ* = 0.41674). The other ratios are
+    e^{±ε} (same piece, next step) and ((1-γ)/γ)^{±1} (outer_k vs inner_{k+1}), smaller.
+    """
+
+    def sample(self, key, y):
+        y = jnp.asarray(y)
+        eps, gamma, width = (jnp.asarray(v, y.dtype) for v in (self.epsilon, self.gamma, self.hi - self.lo))
+        k_sign, k_step, k_branch, k_position = jax.random.split(key, 4)
+        sign = jnp.where(jax.random.uniform(k_sign, y.shape, y.dtype) < 0.5, -1.0, 1.0).astype(y.dtype)
+        step = jnp.floor(jnp.log1p(-jax.random.uniform(k_step, y.shape, y.dtype)) / -eps)
+        b = jnp.exp(-eps)
+        outer = jax.random.uniform(k_branch, y.shape, y.dtype) < b / (1 + b)  # the bug
+        u = jax.random.uniform(k_position, y.shape, y.dtype)
+        offset = jnp.where(outer, gamma + (1 - gamma) * u, gamma * u)
+        return jnp.clip(y, self.lo, self.hi) + sign * width * (step + offset)
+
+
+class RPWithPriorOuterTwoEpsilon(RPWithPrior):
+    """Claims ε, but density and sampler use e^{-2ε} on the outer pieces (and the matching γ).
+
+    It is exactly RPWithPrior at 2ε: window / outer = e^{2ε}, so the log ratio is 2ε.
+    """
+
+    def _honest(self):
+        return RPWithPrior(2 * self.epsilon, self.zeta, self.a1, self.a2, self.lo, self.hi, self.objective)
+
+    def log_density(self, y_tilde, y):
+        return self._honest().log_density(y_tilde, y)
+
+    def sample(self, key, y):
+        return self._honest().sample(key, y)
+
+
+class WindowOnly(RPWithPrior):
+    """Uniform on [y' - ζ, y' + ζ] only: the support moves with the label (no privacy at all)."""
+
+    def log_density(self, y_tilde, y):
+        y_tilde = jnp.asarray(y_tilde)
+        inside = jnp.abs(y_tilde - self.projected(jnp.asarray(y, y_tilde.dtype))) <= self.zeta
+        return jnp.where(inside, -jnp.log(2 * jnp.asarray(self.zeta, y_tilde.dtype)), -jnp.inf)
+
+    def sample(self, key, y):
+        y = jnp.asarray(y)
+        u = jax.random.uniform(key, y.shape, y.dtype, minval=-1.0, maxval=1.0)
+        return self.projected(y) + u * jnp.asarray(self.zeta, y.dtype)
+
+
+class RROnBinsSamplerTwoEpsilon(RROnBins):
+    """Claims the ε pmf, but samples the own output w.p. e^{2ε}/(e^{2ε} + m - 1): log loss 2ε for m = 2."""
+
+    def sample(self, key, y):
+        honest = RROnBins(2 * self.epsilon, self.outputs, self.thresholds, self.num_bins, self.lo, self.hi)
+        return honest.sample(key, y)
+
+
+def halved_laplace(epsilon):
+    """Laplace with scale Δ/(2ε) on [0, 1] while claiming ε: its log ratio is 2ε."""
+    return Laplace(np.float64(epsilon), np.float64(1.0 / (2 * epsilon)), 0.0, 1.0)
+
+
+# --------------------------------------------------------------------------- every mechanism passes
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 2.0])
+@pytest.mark.parametrize("name", mechanism_names())
+def test_registered_mechanism_passes(name, epsilon):
+    params = fit_example(name, epsilon)  # a mechanism that fails to import or fit fails here, never skipped
+    report = audit_mechanism(params, samples=SAMPLES, name=name)
+    assert report.exact_pass, report.details["exact"]
+    assert report.empirical_pass, report.details["empirical"]
+    assert report.empirical_lower_bound <= epsilon
+    if report.pure:
+        assert report.exact_max_log_ratio <= epsilon + 1e-9
+        assert report.delta == 0.0
+        if name in TIGHT:
+            # the exact check is not vacuous (the maximum is attained) ...
+            assert report.exact_max_log_ratio >= epsilon - 1e-6
+            # ... and the sampler is audited with power: the lower bound comes close to ε
+            assert report.empirical_lower_bound >= 0.85 * epsilon
+    else:
+        assert report.delta > 0
+        assert report.exact_delta <= report.delta * (1 + 1e-5)
+        if name == "gaussian":
+            width = params.hi - params.lo
+            closed_form = gaussian_delta(params.sigma, epsilon, width)
+            assert report.exact_delta == pytest.approx(closed_form, rel=1e-5)
+
+
+# --------------------------------------------------------------------------- broken mechanisms are caught
+
+
+def test_laplace_with_half_the_scale_is_caught():
+    report = audit_mechanism(halved_laplace(1.0), samples=SAMPLES)
+    assert report.exact_max_log_ratio == pytest.approx(2.0, abs=1e-9)
+    assert not report.exact_pass
+    assert report.empirical_lower_bound > 1.0
+    assert not report.empirical_pass
+    assert not report.passed
+
+
+def test_staircase_with_wrong_sampler_branch_is_caught():
+    honest = fit_example("staircase", 1.0)
+    broken = StaircaseOuterBranchBroken(honest.epsilon, honest.gamma, honest.lo, honest.hi, honest.gamma_rule)
+    true_loss = 1.0 + np.log((1 - honest.gamma) / honest.gamma)
+    assert true_loss > 1.3
+    report = audit_mechanism(broken, samples=SAMPLES)
+    assert report.exact_pass  # its claimed density is the honest one: only sampling can tell
+    assert not report.empirical_pass
+    assert 1.0 < report.empirical_lower_bound <= true_loss
+
+
+def test_rpwithprior_with_doubled_outer_epsilon_is_caught():
+    honest = fit_example("rpwithprior", 1.0)
+    broken = RPWithPriorOuterTwoEpsilon(
+        honest.epsilon, honest.zeta, honest.a1, honest.a2, honest.lo, honest.hi, honest.objective
+    )
+    report = audit_mechanism(broken, samples=SAMPLES)
+    assert report.exact_max_log_ratio == pytest.approx(2.0, abs=1e-9)
+    assert not report.exact_pass
+    assert report.empirical_lower_bound > 1.0
+    assert not report.empirical_pass
+
+
+def test_rr_on_bins_with_wrong_sampler_is_caught():
+    honest = fit_example("rr-on-bins", 1.0)
+    assert int(honest.num_bins) >= 2
+    broken = RROnBinsSamplerTwoEpsilon(
+        honest.epsilon, honest.outputs, honest.thresholds, honest.num_bins, honest.lo, honest.hi
+    )
+    report = audit_mechanism(broken, samples=SAMPLES)
+    assert report.exact_pass  # the claimed pmf is honest
+    assert not report.empirical_pass
+    assert report.empirical_lower_bound > 1.0
+
+
+def test_label_dependent_support_is_caught():
+    honest = fit_example("rpwithprior", 1.0)
+    broken = WindowOnly(honest.epsilon, honest.zeta, honest.a1, honest.a2, honest.lo, honest.hi, honest.objective)
+    report = audit_mechanism(broken, samples=20_000, grid_size=4001)
+    assert report.exact_max_log_ratio == np.inf
+    assert not report.exact_pass
+    assert any("support depends on the label" in p for p in report.details["exact"]["problems"])
+    assert not report.empirical_pass
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_clopper_pearson_bounds():
+    n, alpha = 1000, 1e-3
+    lower, upper = clopper_pearson(np.array([0, 500, 1000]), n, alpha)
+    assert lower[0] == 0.0 and upper[2] == 1.0
+    assert upper[0] == pytest.approx(1 - alpha ** (1 / n), rel=1e-9)  # k = 0: P(X = 0) = (1 - p)^n = α
+    assert lower[2] == pytest.approx(alpha ** (1 / n), rel=1e-9)
+    # the defining tail probabilities: P(X >= k | lower) = α and P(X <= k | upper) = α
+    assert stats.binom.sf(499, n, lower[1]) == pytest.approx(alpha, rel=1e-6)
+    assert stats.binom.cdf(500, n, upper[1]) == pytest.approx(alpha, rel=1e-6)
+
+
+# --------------------------------------------------------------------------- command line and arguments
+
+
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="rpwjax audit")
+    audit_module.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_cli_passes_and_prints_table(capsys):
+    assert audit_module.run(parse(["--mechanism", "laplace", "--samples", "20000"])) == 0
+    out = capsys.readouterr().out
+    assert "laplace" in out and "claimed eps" in out and "NO" not in out
+
+
+def test_cli_fails_on_broken_mechanism(monkeypatch, capsys):
+    monkeypatch.setattr(audit_module, "fit_example", lambda name, epsilon: halved_laplace(epsilon))
+    assert audit_module.run(parse(["--mechanism", "laplace", "--epsilon", "1", "--samples", "20000"])) == 1
+    assert "NO" in capsys.readouterr().out
+
+
+def test_cli_reports_a_mechanism_that_cannot_be_fitted(monkeypatch, capsys):
+    def fail(name, epsilon):
+        raise RuntimeError("no such solver")
+
+    monkeypatch.setattr(audit_module, "fit_example", fail)
+    assert audit_module.run(parse(["--mechanism", "laplace", "--samples", "100"])) == 1
+    assert "laplace: could not be audited: RuntimeError: no such solver" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--epsilon", "0"], "epsilon=0.0"),
+        (["--epsilon", "-1"], "epsilon=-1.0"),
+        (["--epsilon", "nan"], "epsilon=nan"),
+        (["--samples", "0"], "samples=0"),
+        (["--mechanism", "nope"], "mechanism='nope'"),
+    ],
+)
+def test_cli_bad_arguments(argv, named):
+    with pytest.raises(InputError, match=named):
+        audit_module.run(parse(argv))
+
+
+def test_audit_mechanism_bad_arguments():
+    params = halved_laplace(1.0)
+    with pytest.raises(InputError, match="samples=0"):
+        audit_mechanism(params, samples=0)
+    with pytest.raises(InputError, match="batch shape"):
+        audit_mechanism(Laplace(np.array([1.0, 2.0]), np.array([1.0, 0.5]), 0.0, 1.0))
+    with pytest.raises(InputError, match="epsilon=0.0"):
+        audit_module.audit("laplace", epsilon=0.0)
+    with pytest.raises(InputError, match="samples=-5"):
+        audit_module.audit("laplace", samples=-5)
