@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import __version__
@@ -277,6 +278,12 @@ def main(argv=None) -> int:
         return EXIT_INPUT
     except (OSError, pa.ArrowException) as err:
         print(f"rpwjax {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    except Exception as err:  # noqa: BLE001 - the contract is one line on stderr, never a traceback
+        if os.environ.get("RPWJAX_DEBUG"):
+            raise
+        print(f"rpwjax {args.command}: internal error: {type(err).__name__}: {err} (set RPWJAX_DEBUG=1 for a traceback)",
+              file=sys.stderr)
         return 1
 
 

@@ -96,33 +96,30 @@ def count_rows(path) -> int | None:
 
 
 def iter_batches(path, label_column: str, chunk_rows: int):
-    """Record batches of at most ``chunk_rows`` rows, in file order, label column as float64."""
+    """Record batches of at most ``chunk_rows`` rows, in file order (CSV: label column read as float64)."""
     kind = file_kind(path, what="input file")
     _check_exists(path)
     if label_column not in table_columns(path):
         raise InputError(f"label column {label_column!r} not found in {str(path)!r}; columns are {table_columns(path)}")
     if kind == ".parquet":
-        yield from pq.ParquetFile(path).iter_batches(batch_size=chunk_rows)
+        # pre-buffering reads whole column chunks ahead and keeps them: streaming
+        # reads with a bounded buffer keep peak memory flat for files of any size
+        with pq.ParquetFile(path, pre_buffer=False, buffer_size=1 << 22) as reader:
+            yield from reader.iter_batches(batch_size=chunk_rows)
         return
     reader = pacsv.open_csv(
         path,
-        read_options=pacsv.ReadOptions(block_size=1 << 24),
+        # no threaded read-ahead: it queues blocks without bound and peak memory
+        # would grow with the file
+        read_options=pacsv.ReadOptions(block_size=1 << 22, use_threads=False),
         convert_options=pacsv.ConvertOptions(column_types={label_column: pa.float64()}),
     )
     with reader:
-        pending = []
-        size = 0
+        # CSV blocks are yielded as read (split when larger than chunk_rows): the
+        # output does not depend on where chunks start, so nothing is re-joined
         for batch in reader:
-            pending.append(batch)
-            size += batch.num_rows
-            while size >= chunk_rows:
-                table = pa.Table.from_batches(pending)
-                head, tail = table.slice(0, chunk_rows), table.slice(chunk_rows)
-                yield from head.combine_chunks().to_batches()
-                pending = tail.to_batches()
-                size = tail.num_rows
-        if size:
-            yield from pa.Table.from_batches(pending).combine_chunks().to_batches()
+            for offset in range(0, batch.num_rows, chunk_rows):
+                yield batch.slice(offset, chunk_rows)
 
 
 @contextlib.contextmanager

@@ -127,6 +127,8 @@ def privatize_file(
                     writer.write(batch)
                     rows += batch.num_rows
                     bar.update(batch.num_rows)
+                    del batch, noisy, y
+                    pa.default_memory_pool().release_unused()  # keep peak memory flat on long files
         finally:
             if writer is not None:
                 writer.close()
