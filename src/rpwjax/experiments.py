@@ -46,6 +46,7 @@ class SweepConfig:
     prior_epsilon: float | None = None
     bins: int = api.DEFAULT_BINS
     max_models: int = 360
+    include_floor: bool = True  # also train the non-private MLP on the true labels
 
     def validate(self):
         for m in self.mechanisms:
@@ -107,7 +108,7 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
                 for i, e in enumerate(eps):
                     jobs.append((mech, float(e), seed, noisy[i], float(label_mse[i]), fit_seconds, sample_seconds))
     # the floor: the same network on the true labels
-    for seed in range(config.seeds):
+    for seed in range(config.seeds if config.include_floor else 0):
         jobs.append((NON_PRIVATE, math.inf, seed, np.asarray(y, np.float32), 0.0, 0.0, 0.0))
 
     rows = []
