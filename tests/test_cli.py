@@ -217,3 +217,22 @@ def test_console_script_runs(files):
                            "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--json"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)[0]["mechanism"] == "rpwithprior"
+
+
+def test_shards_with_row_offsets_match_one_run(files, tmp_path, capsys):
+    d, table = files
+    params = tmp_path / "p.json"
+    run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "staircase", "--epsilon", "1",
+         "--save", str(params)], capsys)
+    whole = tmp_path / "whole.parquet"
+    run(["privatize", str(d / "t.parquet"), "-o", str(whole), "--label-column", "value", "--seed", "4", "--params",
+         str(params), "--quiet"], capsys)
+    parts = []
+    for i, (lo, hi) in enumerate(((0, 1234), (1234, 5000))):
+        shard = tmp_path / f"shard{i}.parquet"
+        pq.write_table(table.slice(lo, hi - lo), shard)
+        out = tmp_path / f"out{i}.parquet"
+        assert run(["privatize", str(shard), "-o", str(out), "--label-column", "value", "--seed", "4", "--params",
+                    str(params), "--row-offset", str(lo), "--quiet"], capsys)[0] == 0
+        parts.append(pq.read_table(out).column("value").to_numpy())
+    np.testing.assert_array_equal(np.concatenate(parts), pq.read_table(whole).column("value").to_numpy())

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from .base import Mechanism, label_mse_grid
-from .errors import InputError, check_choice, check_epsilon, check_range
+from .errors import InputError, check_choice, check_epsilon, check_range  # noqa: F401 (InputError re-exported)
 from .priors import Prior, empirical_prior, private_histogram
 
 # name -> (module, fit function, params class, uses the prior)

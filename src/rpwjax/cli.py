@@ -141,6 +141,7 @@ def cmd_privatize(args) -> int:
         chunk_rows=args.chunk_rows,
         clip=args.clip,
         progress=not args.quiet,
+        row_offset=args.row_offset,
     )
     return 0
 
@@ -222,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", default=None, help="a params JSON from `rpwjax fit --save` (no refit)")
     p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range")
     p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="rows per chunk (output does not depend on it)")
+    p.add_argument("--row-offset", type=int, default=0,
+                   help="global index of the first row, when INPUT is one shard of a larger data set (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_fit_options(p, many_epsilons=False, required=False)
     p.set_defaults(func=cmd_privatize)

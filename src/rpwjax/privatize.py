@@ -63,7 +63,7 @@ def privatize_array(params: Mechanism, key, labels, *, start: int = 0) -> np.nda
     """
     y = np.asarray(labels, dtype=np.float64).ravel()
     offset = start % BLOCK_ROWS
-    devices = jax.devices()
+    devices = jax.local_devices()  # multi-host: each process shards its own rows over its own devices
     num_blocks = -(-(offset + y.size) // BLOCK_ROWS)
     num_blocks = -(-num_blocks // len(devices)) * len(devices)  # whole blocks on every device
     padded = np.full(num_blocks * BLOCK_ROWS, params.lo, dtype=np.float64)
@@ -91,17 +91,22 @@ def privatize_file(
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     clip: bool = False,
     progress: bool = True,
+    row_offset: int = 0,
 ) -> dict:
     """Stream ``input_path`` to ``output_path`` with the label column privatized.
 
     Every column is kept in order; the label column is replaced by float64
-    noisy labels. ``output_path.json`` receives ``record`` plus the row count.
+    noisy labels. ``row_offset`` is the global index of the file's first row
+    when the file is one shard of a larger data set (shards privatized on
+    different machines then match a single run over the whole data). ``output_path.json`` receives ``record`` plus the row count.
     Both files appear only if the whole file succeeded.
     """
     in_kind = io.file_kind(input_path, what="input file")
     out_kind = io.file_kind(output_path, what="output file")
     if int(chunk_rows) != chunk_rows or chunk_rows < 1:
         raise InputError(f"chunk_rows must be a positive integer, got chunk_rows={chunk_rows!r}")
+    if int(row_offset) != row_offset or row_offset < 0:
+        raise InputError(f"row_offset must be a non-negative integer, got row_offset={row_offset!r}")
     from pathlib import Path
 
     if Path(input_path).resolve() == Path(output_path).resolve():
@@ -120,7 +125,7 @@ def privatize_file(
                         y = check_labels(y, params.lo, params.hi, clip=clip, name="labels")
                     except InputError as err:
                         raise InputError(f"{err} (chunk starting at row {rows})") from None
-                    noisy = privatize_array(params, key, y, start=rows)
+                    noisy = privatize_array(params, key, y, start=int(row_offset) + rows)
                     batch = batch.set_column(index, pa.field(label_column, pa.float64()), pa.array(noisy))
                     if writer is None:
                         writer = io.TableWriter(tmp, batch.schema, out_kind)
