@@ -250,3 +250,24 @@ def test_audit_mechanism_bad_arguments():
         audit_module.audit("laplace", epsilon=0.0)
     with pytest.raises(InputError, match="samples=-5"):
         audit_module.audit("laplace", samples=-5)
+
+
+def test_output_grid_check_catches_unsnapped_outputs(monkeypatch):
+    """If privatize stopped snapping to the public grid, the audit must fail."""
+    import jax.numpy as jnp
+
+    from rpwjax import audit as audit_module
+    from rpwjax import privatize as privatize_module
+
+    params = audit_module.fit_example("laplace", 1.0)
+    ok = audit_module.audit_mechanism(params, samples=20_000)
+    assert ok.output_grid_pass and ok.details["output_grid"]["off_grid"] == 0
+
+    def unsnapped(p, key, labels, start=0):
+        with jax.enable_x64(True):
+            return np.asarray(p.sample(key, jnp.asarray(labels, jnp.float64)))
+
+    monkeypatch.setattr(privatize_module, "privatize_array", unsnapped)
+    bad = audit_module.audit_mechanism(params, samples=20_000)
+    assert not bad.output_grid_pass and not bad.passed
+    assert bad.details["output_grid"]["off_grid"] > 90_000

@@ -141,10 +141,11 @@ class AuditReport:
     empirical_lower_bound: float
     empirical_pass: bool
     details: dict[str, Any]
+    output_grid_pass: bool = True
 
     @property
     def passed(self) -> bool:
-        return self.exact_pass and self.empirical_pass
+        return self.exact_pass and self.empirical_pass and self.output_grid_pass
 
     @property
     def guarantee(self) -> str:
@@ -558,6 +559,7 @@ def audit_mechanism(
         labels = label_grid(params, label_grid_size)
         exact = _exact(params, labels, grid_size, seed)
         lower_bound, empirical_pass, empirical_info = _empirical(params, exact, labels, samples, seed, bins, confidence)
+    grid_pass, grid_info = _output_grid_check(params, seed)
     return AuditReport(
         mechanism=name or params.name,
         epsilon=eps,
@@ -568,8 +570,35 @@ def audit_mechanism(
         exact_pass=exact["pass"],
         empirical_lower_bound=lower_bound,
         empirical_pass=empirical_pass,
-        details={"exact": exact["info"], "empirical": empirical_info, "confidence": confidence},
+        details={"exact": exact["info"], "empirical": empirical_info, "output_grid": grid_info, "confidence": confidence},
+        output_grid_pass=grid_pass,
     )
+
+
+def _output_grid_check(params: Mechanism, seed: int) -> tuple[bool, dict]:
+    """What ``privatize`` writes for a continuous mechanism lies on the public grid of its sidecar.
+
+    Every released value must be an exact multiple of ``output_grid`` (so its
+    low-order bits are zero whatever the label was), and the grid must be fine
+    enough not to collapse the distribution (many distinct outputs).
+    """
+    from .privatize import output_grid, privatize_array
+
+    step = output_grid(params)
+    info: dict[str, Any] = {"step": step, "problems": []}
+    if step is None:
+        info["note"] = "discrete outputs: released values are the mechanism's own output values"
+        return True, info
+    labels = np.linspace(params.lo, params.hi, 100_000)
+    out = privatize_array(params, jax.random.key(seed), labels)
+    off_grid = int(np.count_nonzero(np.round(out / step) * step != out))
+    distinct = int(np.unique(out).size)
+    info.update(off_grid=off_grid, distinct_outputs=distinct)
+    if off_grid:
+        info["problems"].append(f"{off_grid} released values are not multiples of output_grid={step!r}")
+    if distinct < 1000:
+        info["problems"].append(f"only {distinct} distinct outputs among 100000: the grid collapses the distribution")
+    return not info["problems"], info
 
 
 def example_labels() -> np.ndarray:
@@ -693,9 +722,12 @@ def run(args: argparse.Namespace) -> int:
         f"\nempirical: {samples} samples at each of two labels, Clopper-Pearson + Bonferroni lower bound on eps "
         f"at {DEFAULT_CONFIDENCE:.1%} confidence (for (eps, delta)-DP: from P(S|y) <= e^eps P(S|y') + delta), "
         f"fail iff > claimed eps."
+        f"\noutput grid: values written by privatize are exact multiples of the public output_grid "
+        f"(continuous mechanisms): "
+        + ", ".join(f"{r.mechanism} {'yes' if r.output_grid_pass else 'NO'}" for r in reports)
     )
     for r in reports:
-        for stage in ("exact", "empirical"):
+        for stage in ("exact", "empirical", "output_grid"):
             for problem in r.details[stage].get("problems", []):
                 print(f"{r.mechanism}: {stage}: {problem}")
     for line in broken:
