@@ -63,6 +63,7 @@ class FitResult:
     hi: float
     label_mse: np.ndarray
     info: dict[str, Any]
+    prior_used: Prior | None = None  # the prior object (one per ε when private): for post-processing
 
     def __len__(self) -> int:
         return int(np.size(self.epsilon))
@@ -83,7 +84,14 @@ class FitResult:
             delta=pick(self.delta),
             label_mse=pick(self.label_mse),
             info={k: pick(v) for k, v in self.info.items()},
+            prior_used=self.prior_for(i),
         )
+
+    def prior_for(self, i: int) -> Prior | None:
+        """The prior the i-th fit used (a slice of a batched private histogram)."""
+        if self.prior_used is None or np.ndim(self.prior_used.mass) == 1:
+            return self.prior_used
+        return jax.tree_util.tree_map(lambda leaf: np.asarray(leaf)[i], self.prior_used)
 
     def records(self) -> list[dict]:
         """One JSON-ready dict per ε (the ``fit --json`` / ``--save`` format)."""
@@ -201,6 +209,7 @@ def fit(
         hi=hi,
         label_mse=mse,
         info=info,
+        prior_used=prior_obj if kind != "none" else None,
     )
 
 

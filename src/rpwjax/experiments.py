@@ -47,6 +47,7 @@ class SweepConfig:
     bins: int = api.DEFAULT_BINS
     max_models: int = 360
     include_floor: bool = True  # also train the non-private MLP on the true labels
+    denoise: tuple[str, ...] = ()  # mechanisms also evaluated after posterior denoising ("NAME+posterior")
 
     def validate(self):
         for m in self.mechanisms:
@@ -107,6 +108,15 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
                 label_mse = np.mean((noisy.astype(np.float64) - y) ** 2, axis=1)
                 for i, e in enumerate(eps):
                     jobs.append((mech, float(e), seed, noisy[i], float(label_mse[i]), fit_seconds, sample_seconds))
+                if mech in config.denoise:
+                    from .posterior import posterior_mean
+
+                    for i, e in enumerate(eps):
+                        start = time.perf_counter()
+                        clean = posterior_mean(fit.params[i], fit.prior_for(i), noisy[i]).astype(np.float32)
+                        seconds = sample_seconds + time.perf_counter() - start
+                        mse_i = float(np.mean((clean.astype(np.float64) - y) ** 2))
+                        jobs.append((f"{mech}+posterior", float(e), seed, clean, mse_i, fit_seconds, seconds))
     # the floor: the same network on the true labels
     for seed in range(config.seeds if config.include_floor else 0):
         jobs.append((NON_PRIVATE, math.inf, seed, np.asarray(y, np.float32), 0.0, 0.0, 0.0))

@@ -1,0 +1,59 @@
+"""Posterior denoising E[Y | Ỹ] under the prior used."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import rpwjax
+from rpwjax.posterior import _discrete_posterior, posterior_mean
+from rpwjax.priors import empirical_prior, histogram_prior
+
+
+def _generic(params, prior, yt):
+    with jax.enable_x64(True):
+        return np.asarray(_discrete_posterior(params, jnp.asarray(prior.left), jnp.log(jnp.asarray(prior.mass)),
+                                              jnp.asarray(yt, jnp.float64)))
+
+
+def test_rpwithprior_closed_form_equals_exact_sum_on_point_masses(rng):
+    prior = empirical_prior(rng.beta(2, 5, 3000), 0, 1)
+    for eps in (0.3, 1.0, 4.0):
+        p, _ = rpwjax.fit_rpwithprior(prior, eps, zeta=0.04)
+        yt = rng.uniform(float(p.a1 - p.zeta), float(p.a2 + p.zeta), 500)
+        np.testing.assert_allclose(posterior_mean(p, prior, yt), _generic(p, prior, yt), rtol=1e-12, atol=1e-14)
+
+
+def test_rpwithprior_closed_form_on_a_histogram_matches_a_fine_discretisation(rng):
+    edges = np.linspace(0, 1, 9)
+    masses = rng.random(8)
+    hist = histogram_prior(edges, masses)
+    p, _ = rpwjax.fit_rpwithprior(hist, 1.0, zeta=0.05)
+    fine = 4000
+    xs = np.concatenate([l + (np.arange(fine) + 0.5) * (r - l) / fine for l, r in zip(edges[:-1], edges[1:])])
+    ws = np.repeat(np.asarray(hist.mass) / fine, fine)
+    approx = empirical_prior(xs, 0, 1, weights=ws)
+    yt = np.linspace(float(p.a1 - p.zeta) + 1e-3, float(p.a2 + p.zeta) - 1e-3, 41)
+    np.testing.assert_allclose(posterior_mean(p, hist, yt), _generic(p, approx, yt), atol=2e-4)
+
+
+def test_generic_posterior_is_a_weighted_mean_of_the_support(rng):
+    prior = empirical_prior([0.0, 0.5, 1.0], 0, 1)
+    fit = rpwjax.fit("rr-on-bins", [0.0, 0.5, 1.0], range=(0, 1), epsilon=1.0)
+    out = posterior_mean(fit.params, prior, np.asarray(fit.params.outputs)[:3])
+    assert np.all((out >= 0) & (out <= 1))
+
+
+def test_posterior_minimises_squared_error_against_raw_outputs(rng):
+    y = rng.beta(2, 5, 20000)
+    fit = rpwjax.fit("rpwithprior", y, range=(0, 1), epsilon=1.0, zeta=0.05)
+    noisy = np.asarray(rpwjax.sample_grid(fit.params, jax.random.key(0), jnp.asarray(y, jnp.float32)), np.float64)
+    clean = posterior_mean(fit.params, fit.prior_used, noisy)
+    assert np.mean((clean - y) ** 2) < np.mean((noisy - y) ** 2)
+
+
+def test_histogram_prior_needs_closed_form():
+    hist = histogram_prior([0, 0.5, 1], [1, 1])
+    fit = rpwjax.fit("laplace", [0.2], range=(0, 1), epsilon=1.0)
+    with pytest.raises(rpwjax.InputError, match="point-mass prior"):
+        posterior_mean(fit.params, hist, np.array([0.3]))
