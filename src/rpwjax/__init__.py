@@ -14,6 +14,7 @@ from .privatize import privatize_array, privatize_file
 from .additive import Gaussian, Laplace, Staircase, fit_gaussian, fit_laplace, fit_staircase
 from .rpwithprior import RPWithPrior, choose_zeta, fit_rpwithprior
 from .rr_on_bins import RROnBins, fit_rr_on_bins
+from .unbiased import Unbiased, fit_unbiased
 
 __all__ = [
     "FitResult",
@@ -21,10 +22,12 @@ __all__ = [
     "Laplace",
     "RROnBins",
     "Staircase",
+    "Unbiased",
     "fit_gaussian",
     "fit_laplace",
     "fit_rr_on_bins",
     "fit_staircase",
+    "fit_unbiased",
     "InputError",
     "Mechanism",
     "Prior",

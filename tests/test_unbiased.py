@@ -1,0 +1,330 @@
+"""Unbiased randomizer: LP constraints, exact privacy, optimality (direct LP), sampler, contracts."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.sparse as sparse
+from scipy import stats
+from scipy.optimize import linprog
+
+from rpwjax.base import label_mse_grid, sample_grid
+from rpwjax.errors import InputError
+from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
+from rpwjax.unbiased import Unbiased, default_extension, fit_unbiased, output_grid
+
+EPSILONS = np.array([0.1, 1.0, 4.0])
+
+# compiled once per shape (eager calls would dispatch op by op for every case and ε)
+_log_density = jax.jit(lambda params, y_tilde, y: params.log_density(y_tilde, y))
+_bias = jax.jit(lambda params, y: params.bias(y))
+
+
+def discrete_prior(points, mass, lo, hi):
+    points = np.asarray(points, np.float64)
+    mass = np.asarray(mass, np.float64)
+    return Prior(points, points.copy(), mass / mass.sum(), lo, hi, True, "empirical")
+
+
+def make_cases():
+    rng = np.random.default_rng(20231209)
+    spiky_points = np.sort(rng.choice(np.linspace(-3.0, 7.0, 81), size=20, replace=False))
+    spiky_mass = rng.dirichlet(0.3 * np.ones(20))
+    spiky_mass[[2, 9, 15]] = 0.0  # empty support points, as in a noisy histogram
+    hist_mass = rng.random(16)
+    hist_mass[5] = 0.0
+    return {
+        "uniform-12": discrete_prior(np.linspace(0.0, 10.0, 12), rng.dirichlet(np.ones(12)), 0.0, 10.0),
+        "spiky-20": discrete_prior(spiky_points, spiky_mass, -3.0, 7.0),
+        "single": discrete_prior([2.5], [1.0], 0.0, 10.0),
+        "histogram-16": histogram_prior(np.linspace(0.0, 1.0, 17), hist_mass),
+    }
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return {name: (prior, *fit_unbiased(prior, EPSILONS)) for name, prior in make_cases().items()}
+
+
+def real_slots(params):
+    """Slots holding real outputs (padding has probability zero in every row)."""
+    return np.asarray(params.probabilities).sum(axis=0) > 0
+
+
+def privacy_labels(prior, rng):
+    """Support points, midpoints, random points, both ends and labels beyond them (clipped)."""
+    support = np.asarray(prior.support_points())
+    lo, hi = prior.lo, prior.hi
+    mids = 0.5 * (support[1:] + support[:-1])
+    return np.concatenate([support, mids, rng.uniform(lo, hi, 20), [lo, hi, lo - 1.0, hi + 1.0]])
+
+
+def test_unbiased_at_every_support_point(fitted):
+    for name, (prior, params, info) in fitted.items():
+        width = prior.hi - prior.lo
+        for e in range(EPSILONS.size):
+            p = params[e]
+            q, z = np.asarray(p.probabilities), np.asarray(p.outputs)
+            np.testing.assert_allclose(q @ z, np.asarray(p.support), rtol=0, atol=1e-9 * width, err_msg=name)
+            with jax.enable_x64(True):
+                bias = np.asarray(_bias(p, jnp.asarray(p.support)))
+            np.testing.assert_allclose(bias, 0.0, atol=1e-9 * width, err_msg=name)
+
+
+def test_every_lp_constraint_holds(fitted):
+    for name, (prior, params, info) in fitted.items():
+        for e, eps in enumerate(EPSILONS):
+            q = np.asarray(params[e].probabilities)
+            np.testing.assert_allclose(q.sum(axis=1), 1.0, rtol=0, atol=1e-9, err_msg=name)
+            assert np.all(q >= 0), name
+            # Q[j, m] <= e^ε Q[j', m] for all j, j': the column max against the column min
+            assert np.all(q.max(axis=0) <= np.exp(eps) * q.min(axis=0) + 1e-12), (name, eps)
+            k = q.shape[0]
+            assert info["num_outputs"][e] == real_slots(params[e]).sum() <= 2 * k, (name, eps)
+
+
+def test_exact_privacy_of_log_density(fitted):
+    rng = np.random.default_rng(7)
+    for name, (prior, params, info) in fitted.items():
+        labels = privacy_labels(prior, rng)
+        for e, eps in enumerate(EPSILONS):
+            p = params[e]
+            outputs = np.asarray(p.outputs)[real_slots(p)]
+            # every output, plus values that are not outputs (must be -inf for every label)
+            between = 0.5 * (outputs[1:] + outputs[:-1])
+            probes = np.concatenate([outputs, between, [outputs[0] - 1.0, outputs[-1] + 1.0]])
+            with jax.enable_x64(True):
+                logp = np.asarray(_log_density(p, jnp.asarray(probes)[None, :], jnp.asarray(labels)[:, None]))
+            on = logp[:, : outputs.size]
+            assert np.all(np.isfinite(on)), name  # same output set for every label
+            assert np.all(np.isneginf(logp[:, outputs.size :])), name
+            assert np.max(on.max(axis=0) - on.min(axis=0)) <= eps + 1e-9, (name, eps)
+            # and the pmf of every label sums to one over the outputs
+            np.testing.assert_allclose(np.exp(on).sum(axis=1), 1.0, atol=1e-12)
+
+
+def test_beats_laplace(fitted):
+    """Laplace is unbiased with MSE 2(Δ/ε)², so the optimal unbiased randomizer must do better."""
+    for name, (prior, params, info) in fitted.items():
+        laplace = 2.0 * ((prior.hi - prior.lo) / EPSILONS) ** 2
+        assert np.all(info["label_mse"] < laplace), name
+
+
+def test_lp_optimum_is_the_label_mse_of_a_discrete_prior(fitted):
+    for name, (prior, params, info) in fitted.items():
+        reported = label_mse_grid(params, prior)
+        if prior.discrete:
+            np.testing.assert_allclose(reported, info["label_mse"], rtol=1e-10, atol=1e-14, err_msg=name)
+        else:
+            # a histogram prior adds the rounding of labels to the bin centres
+            assert np.all(reported >= info["label_mse"] * (1 - 1e-12)), name
+
+
+def direct_lp(x, p, z, eps):
+    """The grid LP written out: Q (k x M) and column minima u, 2kM DP constraints u <= Q <= e^ε u."""
+    k, m = x.size, z.size
+    n = k * m + m
+    q_index = np.arange(k * m)
+    u_index = k * m + np.tile(np.arange(m), k)
+    cost = np.concatenate([(p[:, None] * (z[None, :] - x[:, None]) ** 2).ravel(), np.zeros(m)])
+    rows = np.repeat(np.arange(k), m)
+    sums = sparse.csr_matrix((np.ones(k * m), (rows, q_index)), shape=(k, n))
+    means = sparse.csr_matrix((np.tile(z, k), (rows, q_index)), shape=(k, n))
+    pair_rows = np.concatenate([q_index, q_index])
+    pair_cols = np.concatenate([q_index, u_index])
+
+    def pairs(q_coef, u_coef):  # one row per entry: q_coef Q_jm + u_coef u_m <= 0
+        values = np.concatenate([np.full(k * m, q_coef), np.full(k * m, u_coef)])
+        return sparse.csr_matrix((values, (pair_rows, pair_cols)), shape=(k * m, n))
+
+    res = linprog(
+        cost,
+        A_ub=sparse.vstack([pairs(-1.0, 1.0), pairs(1.0, -np.exp(eps))]),
+        b_ub=np.zeros(2 * k * m),
+        A_eq=sparse.vstack([sums, means]),
+        b_eq=np.concatenate([np.ones(k), x]),
+        bounds=(0, None),
+        method="highs",
+    )
+    assert res.status == 0, res.message
+    return res.fun
+
+
+@pytest.mark.parametrize("eps", [0.5, 2.0])
+def test_matches_the_direct_lp_on_the_same_grid(eps):
+    """Restricted master + pricing reaches the optimum of the full LP over the whole grid."""
+    rng = np.random.default_rng(11)
+    points = np.sort(rng.uniform(1.0, 4.0, 6))
+    mass = rng.dirichlet(np.ones(6))
+    prior = discrete_prior(points, mass, 1.0, 4.0)
+    params, info = fit_unbiased(prior, eps, grid_size=65)
+    assert info["extension"] == pytest.approx(default_extension(eps))  # the grid was not widened
+    best = direct_lp(points, mass / mass.sum(), output_grid(1.0, 4.0, eps, 65), eps)
+    # the fit solves at ε - 1e-8 (rounding headroom), which costs a few 1e-8 relative
+    assert info["label_mse"] == pytest.approx(best, rel=1e-6)
+    assert info["label_mse"] >= best * (1 - 1e-12)
+    assert info["optimality_gap"] <= 1e-7
+
+
+def test_refining_or_widening_the_grid_barely_moves_the_optimum():
+    rng = np.random.default_rng(3)
+    prior = discrete_prior(np.linspace(0.0, 1.0, 10), rng.dirichlet(np.ones(10)), 0.0, 1.0)
+    for eps in (0.3, 3.0):
+        values = {g: fit_unbiased(prior, eps, grid_size=g)[1]["label_mse"] for g in (257, 1025, 2049)}
+        wide = fit_unbiased(prior, eps, extension=2 * default_extension(eps) + 1)[1]["label_mse"]
+        # nested grids: the finer one can only be better
+        assert values[2049] <= values[1025] * (1 + 1e-9) and values[1025] <= values[257] * (1 + 1e-9)
+        assert values[257] <= values[2049] * (1 + 1e-3)
+        assert abs(wide - values[1025]) <= 1e-3 * values[1025]
+
+
+def test_sampler_matches_the_pmf():
+    prior = make_cases()["uniform-12"]
+    params, _ = fit_unbiased(prior, 1.0)
+    real = real_slots(params)
+    outputs32 = np.asarray(params.outputs, np.float32)[real]
+    q = np.asarray(params.probabilities)[:, real]
+    n = 20_000
+    support = np.asarray(params.support)
+    for label, row in ((support[0], 0), (support[5], 5), (support[11], 11), (0.5 * (support[3] + support[4]) + 0.1, 4)):
+        draws = np.asarray(jax.jit(params.sample)(jax.random.key(row), jnp.full(n, label, jnp.float32)))
+        assert draws.dtype == np.float32
+        index = np.searchsorted(outputs32, draws)
+        assert np.all(outputs32[np.minimum(index, outputs32.size - 1)] == draws)
+        observed = np.bincount(index, minlength=outputs32.size)
+        expected = n * q[row]
+        small = expected < 5  # pool the rare outputs into one cell
+        obs = np.append(observed[~small], observed[small].sum())
+        exp = np.append(expected[~small], expected[small].sum())
+        keep = exp > 0
+        assert stats.chisquare(obs[keep], exp[keep] * obs.sum() / exp[keep].sum()).pvalue > 1e-3
+
+
+def test_grid_of_epsilons_equals_scalar_fits(fitted):
+    prior, params, info = fitted["spiky-20"]
+    y = jnp.asarray(np.linspace(-3.0, 7.0, 50), jnp.float32)
+    key = jax.random.key(5)
+    batch = np.asarray(sample_grid(params, key, y))
+    keys = jax.random.split(key, EPSILONS.size)
+    for e, eps in enumerate(EPSILONS):
+        single, single_info = fit_unbiased(prior, eps)
+        real = real_slots(params[e])
+        trimmed = np.asarray(params[e].probabilities)[:, real]
+        np.testing.assert_allclose(trimmed, single.probabilities, rtol=0, atol=1e-15)
+        np.testing.assert_array_equal(np.asarray(params[e].outputs)[real], single.outputs)
+        assert single_info["label_mse"] == info["label_mse"][e]
+        # padding does not change the draws
+        np.testing.assert_array_equal(batch[e], np.asarray(single.sample(keys[e], y)))
+
+
+def test_batched_prior_is_mapped_along_epsilon():
+    rng = np.random.default_rng(2)
+    labels = rng.beta(2.0, 5.0, 500) * 10.0
+    eps = np.array([1.0, 3.0])
+    prior = private_histogram(labels, 0.0, 10.0, np.array([0.5, 0.5]), bins=8, key=jax.random.key(0))
+    params, info = fit_unbiased(prior, eps)
+    assert params.probabilities.shape[0] == 2
+    for e in range(2):
+        one = Prior(prior.left[e], prior.right[e], prior.mass[e], 0.0, 10.0, False, prior.kind)
+        single, single_info = fit_unbiased(one, eps[e])
+        assert single_info["label_mse"] == info["label_mse"][e]
+        np.testing.assert_array_equal(np.asarray(params[e].support), single.support)
+
+
+def test_off_support_labels_use_the_nearest_point_and_moments_say_so(fitted):
+    prior, params, info = fitted["histogram-16"]
+    p = params[1]
+    centres = np.asarray(p.support)
+    q, z = np.asarray(p.probabilities), np.asarray(p.outputs)
+    y = np.linspace(0.0, 1.0, 97)
+    distance = np.abs(y[:, None] - centres[None, :])
+    row = np.argmin(distance + 1e-12 * np.arange(centres.size), axis=1)  # ties: the lower point
+    with jax.enable_x64(True):
+        bias = np.asarray(p.bias(jnp.asarray(y)))
+        mse = np.asarray(p.mse(jnp.asarray(y)))
+        variance = np.asarray(p.variance(jnp.asarray(y)))
+    np.testing.assert_allclose(bias, centres[row] - y, atol=1e-12)
+    direct = np.sum(q[row] * (z[None, :] - y[:, None]) ** 2, axis=1)
+    np.testing.assert_allclose(mse, direct, rtol=1e-10)
+    np.testing.assert_allclose(variance, direct - (centres[row] - y) ** 2, rtol=1e-8)
+    assert len(p.breakpoints()) == centres.size - 1
+
+
+def test_json_round_trip(fitted):
+    _, params, _ = fitted["uniform-12"]
+    p = params[2]
+    back = Unbiased.from_json(json.loads(json.dumps(p.to_json())))
+    assert isinstance(back.lo, float) and isinstance(back.hi, float)
+    for name in ("epsilon", "support", "outputs", "probabilities"):
+        np.testing.assert_array_equal(np.asarray(getattr(back, name)), np.asarray(getattr(p, name)))
+    y = jnp.linspace(0.0, 10.0, 33, dtype=jnp.float32)
+    key = jax.random.key(9)
+    np.testing.assert_array_equal(jax.jit(back.sample)(key, y), jax.jit(p.sample)(key, y))
+
+
+def test_large_support_is_collapsed_onto_bins():
+    rng = np.random.default_rng(4)
+    prior = empirical_prior(rng.uniform(0.0, 1.0, 700), 0.0, 1.0)
+    params, info = fit_unbiased(prior, 2.0, max_support=24)
+    assert info["collapsed"] and info["support_size"] == 24
+    np.testing.assert_allclose(np.asarray(params.support), (np.arange(24) + 0.5) / 24)
+    q, z = np.asarray(params.probabilities), np.asarray(params.outputs)
+    np.testing.assert_allclose(q @ z, params.support, atol=1e-12)
+    with jax.enable_x64(True):
+        assert float(params.label_mse(prior)) >= info["label_mse"]
+
+
+def test_epsilon_above_the_lp_limit_is_solved_at_the_limit():
+    prior = discrete_prior([0.0, 0.4, 1.0], [0.2, 0.5, 0.3], 0.0, 1.0)
+    params, info = fit_unbiased(prior, 20.0)
+    assert float(params.epsilon) == 20.0 and info["epsilon_lp"] == 12.0
+    q = np.asarray(params.probabilities)
+    assert np.all(q.max(axis=0) <= np.exp(12.0) * q.min(axis=0))
+    assert info["label_mse"] < 2.0 / 20.0**2
+
+
+def test_moderate_support_smoke():
+    k = 150
+    points = np.arange(k, dtype=np.float64)
+    mass = stats.beta(2.0, 5.0).pdf((points + 0.5) / k) + 0.05
+    prior = discrete_prior(points, mass, 0.0, k - 1.0)
+    params, info = fit_unbiased(prior, 1.0)
+    q, z = np.asarray(params.probabilities), np.asarray(params.outputs)
+    np.testing.assert_allclose(q.sum(axis=1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(q @ z, points, atol=1e-9 * k)
+    assert np.all(q.max(axis=0) <= np.e * q.min(axis=0))
+    assert info["num_outputs"] <= 2 * k and info["optimality_gap"] <= 1e-7
+    assert info["label_mse"] < 2.0 * (k - 1.0) ** 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(epsilon=0.0), "epsilon=0.0"),
+        (dict(epsilon=-1.0), "epsilon=-1.0"),
+        (dict(epsilon=float("nan")), "epsilon=nan"),
+        (dict(epsilon=[[1.0]]), "shape"),
+        (dict(epsilon=1.0, grid_size=4), "grid_size=4"),
+        (dict(epsilon=1.0, grid_size=64.5), "grid_size=64.5"),
+        (dict(epsilon=1.0, extension=-2.0), "extension=-2.0"),
+        (dict(epsilon=0.1, extension=1.0), "extension=1.0"),
+        (dict(epsilon=1.0, max_support=0), "max_support=0"),
+    ],
+)
+def test_bad_input_names_the_value(kwargs, match):
+    prior = discrete_prior([0.0, 0.5, 1.0], [1.0, 1.0, 1.0], 0.0, 1.0)
+    with pytest.raises(InputError, match=match):
+        fit_unbiased(prior, **kwargs)
+
+
+def test_bad_prior_is_refused():
+    with pytest.raises(InputError, match="Prior"):
+        fit_unbiased(np.array([0.0, 1.0]), 1.0)
+    labels = np.linspace(0.0, 1.0, 50)
+    prior = private_histogram(labels, 0.0, 1.0, np.array([0.5, 0.5, 0.5]), bins=4, key=jax.random.key(1))
+    with pytest.raises(InputError, match="3 priors for 2 epsilons"):
+        fit_unbiased(prior, np.array([1.0, 2.0]))
