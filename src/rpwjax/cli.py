@@ -192,9 +192,9 @@ def cmd_demo(args) -> int:
     from .datasets import load_dataset, train_test_split
     from .experiments import SweepConfig
 
-    config = SweepConfig(epsilons=(0.1, 0.5, 1.0, 2.0, 8.0), seeds=2, epochs=15)
+    config = SweepConfig(epsilons=(0.1, 0.5, 1.0, 2.0, 8.0), seeds=3, epochs=20)
     print("rpwjax demo: all six mechanisms on bundled California Housing, eps in {0.1, 0.5, 1, 2, 8}, "
-          "2 seeds, 15 epochs, private histogram prior (eps1 = 0.1 eps)")
+          "3 seeds, 20 epochs, private histogram prior (eps1 = 0.1 eps, 32 bins)")
     return _sweep(train_test_split(load_dataset("california"), seed=0), config, args.out, args.quiet)
 
 

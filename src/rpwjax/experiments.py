@@ -153,6 +153,17 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
+def mechanism_order(names) -> list[str]:
+    """Registry order (RPWithPrior first), variants such as ``NAME+posterior`` after their mechanism."""
+    registry = list(api.MECHANISMS)
+
+    def rank(name):
+        base = name.split("+")[0]
+        return (registry.index(base) if base in registry else len(registry), name)
+
+    return sorted(dict.fromkeys(names), key=rank)
+
+
 def mechanism_label(name: str) -> str:
     """Legend/table name; the Gaussian is only (ε, δ)-DP and says so."""
     if name == "gaussian":
@@ -166,7 +177,7 @@ def format_table(summary: list[dict]) -> str:
     for dataset in sorted({s["dataset"] for s in summary}):
         sub = [s for s in summary if s["dataset"] == dataset]
         floor = [s for s in sub if s["mechanism"] == NON_PRIVATE]
-        mechs = [m for m in dict.fromkeys(s["mechanism"] for s in sub) if m != NON_PRIVATE]
+        mechs = mechanism_order(s["mechanism"] for s in sub if s["mechanism"] != NON_PRIVATE)
         epsilons = sorted({s["epsilon"] for s in sub if s["mechanism"] != NON_PRIVATE})
         lines.append(f"{dataset}: test MSE (mean ± std over seeds); * = best at that ε")
         if floor:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .experiments import NON_PRIVATE, mechanism_label, summarize
+from .experiments import NON_PRIVATE, mechanism_label, mechanism_order, summarize
 
 
 def plot_curves(rows: list[dict], out_dir) -> list[Path]:
@@ -23,7 +23,7 @@ def plot_curves(rows: list[dict], out_dir) -> list[Path]:
     for dataset in sorted({s["dataset"] for s in summary}):
         sub = [s for s in summary if s["dataset"] == dataset]
         fig, (ax_test, ax_label) = plt.subplots(1, 2, figsize=(12, 4.8))
-        mechs = [m for m in dict.fromkeys(s["mechanism"] for s in sub) if m != NON_PRIVATE]
+        mechs = mechanism_order(s["mechanism"] for s in sub if s["mechanism"] != NON_PRIVATE)
         for m in mechs:
             cells = sorted((s for s in sub if s["mechanism"] == m), key=lambda s: s["epsilon"])
             e = np.array([c["epsilon"] for c in cells])
