@@ -67,7 +67,8 @@ def test_private_prior_reports_split(files, capsys):
     assert code == 0
     for r in json.loads(out):
         assert r["epsilon_prior"] == 0.25 and r["epsilon_mechanism"] == pytest.approx(r["epsilon"] - 0.25)
-        assert r["prior"] == {"kind": "private-histogram", "bins": 20}
+        assert r["prior"]["kind"] == "private-histogram" and r["prior"]["bins"] == 20
+        assert len(r["prior"]["masses"]) == 20 and sum(r["prior"]["masses"]) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet"])
@@ -236,3 +237,29 @@ def test_shards_with_row_offsets_match_one_run(files, tmp_path, capsys):
                     str(params), "--row-offset", str(lo), "--quiet"], capsys)[0] == 0
         parts.append(pq.read_table(out).column("value").to_numpy())
     np.testing.assert_array_equal(np.concatenate(parts), pq.read_table(whole).column("value").to_numpy())
+
+
+def test_privatize_with_posterior_denoising(files, tmp_path, capsys):
+    d, table = files
+    params = tmp_path / "p.json"
+    assert run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
+                "--epsilon", "1", "--prior", "private", "--seed", "2", "--save", str(params)], capsys)[0] == 0
+    saved = json.loads(params.read_text())["prior"]
+    assert len(saved["masses"]) == 32 and len(saved["edges"]) == 33
+    raw, clean = tmp_path / "raw.parquet", tmp_path / "clean.parquet"
+    for out, extra in ((raw, []), (clean, ["--denoise", "posterior"])):
+        assert run(["privatize", str(d / "t.parquet"), "-o", str(out), "--label-column", "value", "--seed", "3",
+                    "--params", str(params), "--quiet", *extra], capsys)[0] == 0
+    true = table.column("value").to_numpy()
+    r = pq.read_table(raw).column("value").to_numpy()
+    c = pq.read_table(clean).column("value").to_numpy()
+    assert np.mean((c - true) ** 2) < np.mean((r - true) ** 2)
+    assert json.loads((tmp_path / "clean.parquet.json").read_text())["postprocessing"] == "posterior-mean"
+    # an empirical prior is never saved, so a saved known-prior fit cannot be denoised later
+    known = tmp_path / "known.json"
+    run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior", "--epsilon", "1",
+         "--save", str(known)], capsys)
+    assert "masses" not in json.loads(known.read_text())["prior"]
+    code, _, err = run(["privatize", str(d / "t.parquet"), "-o", str(tmp_path / "x.parquet"), "--label-column",
+                        "value", "--seed", "3", "--params", str(known), "--denoise", "posterior", "--quiet"], capsys)
+    assert code != 0 and "needs the prior" in err and not (tmp_path / "x.parquet").exists()

@@ -57,3 +57,17 @@ def test_histogram_prior_needs_closed_form():
     fit = rpwjax.fit("laplace", [0.2], range=(0, 1), epsilon=1.0)
     with pytest.raises(rpwjax.InputError, match="point-mass prior"):
         posterior_mean(fit.params, hist, np.array([0.3]))
+
+
+@pytest.mark.parametrize("mechanism", ["rr-on-bins", "unbiased"])
+def test_discrete_mechanisms_on_a_histogram_prior_match_a_fine_discretisation(mechanism, rng):
+    edges = np.array([0.0, 0.1, 0.35, 0.5, 0.8, 1.0])  # unequal widths: cells do not align with bins
+    hist = histogram_prior(edges, rng.random(5) + 0.1)
+    fit = rpwjax.fit(mechanism, prior=hist, range=(0, 1), epsilon=1.0)
+    outputs = np.unique(np.asarray(fit.params.outputs))
+    fine = 20000
+    xs = np.concatenate([l + (np.arange(fine) + 0.5) * (r - l) / fine for l, r in zip(edges[:-1], edges[1:])])
+    ws = np.repeat(np.asarray(hist.mass) / fine, fine)
+    approx = empirical_prior(xs, 0, 1, weights=ws)
+    np.testing.assert_allclose(posterior_mean(fit.params, hist, outputs), _generic(fit.params, approx, outputs),
+                               atol=5e-5)

@@ -97,6 +97,16 @@ class FitResult:
         """One JSON-ready dict per ε (the ``fit --json`` / ``--save`` format)."""
         return [self[i]._record() for i in range(len(self))]
 
+    def _prior_record(self) -> dict:
+        """Kind and bins; a histogram prior also its edges and masses (they are private or public
+        already, so saving them costs nothing; the empirical prior is never written out)."""
+        out = {"kind": self.prior, "bins": self.bins}
+        prior = self.prior_used
+        if prior is not None and not prior.discrete and self.prior in ("private-histogram", "histogram"):
+            out["edges"] = np.concatenate([np.asarray(prior.left)[:1], np.asarray(prior.right)]).tolist()
+            out["masses"] = np.asarray(prior.mass).tolist()
+        return out
+
     def _record(self) -> dict:
         fields = self.params.to_json()
         fields.update({k: _plain(v) for k, v in self.info.items()})
@@ -109,7 +119,7 @@ class FitResult:
             "delta": float(self.delta),
             "pure_dp": bool(self.params.pure),
             "range": [self.lo, self.hi],
-            "prior": {"kind": self.prior, "bins": self.bins},
+            "prior": self._prior_record(),
             "label_mse": float(self.label_mse),
             "params": fields,
         }
@@ -220,6 +230,16 @@ def _prior_free_mse(params):
         if params.batch_shape == ():
             return np.asarray(params.mse(np.float64(lo)))
         return np.asarray(jax.vmap(lambda p: p.mse(np.float64(lo)))(params))
+
+
+def prior_from_record(record: dict) -> Prior | None:
+    """The histogram prior saved in a fit record, or None (empirical priors are never saved)."""
+    from .priors import histogram_prior
+
+    saved = record.get("prior") or {}
+    if "edges" not in saved or "masses" not in saved:
+        return None
+    return histogram_prior(saved["edges"], saved["masses"], kind=saved.get("kind", "histogram"))
 
 
 def load_params(record: dict) -> tuple[Mechanism, dict]:

@@ -111,15 +111,17 @@ def cmd_privatize(args) -> int:
     import jax
 
     from . import io
-    from .api import load_params
+    from .api import load_params, prior_from_record
     from .errors import InputError
     from .privatize import privatize_file
 
     key = jax.random.key(args.seed)
+    prior = None
     if args.params:
         if args.mechanism is not None or args.epsilon is not None:
             raise InputError("give either --params or fit options (--mechanism/--epsilon), not both")
         params, record = load_params(io.read_json(args.params))
+        prior = prior_from_record(record)
         if args.range is not None and (float(args.range[0]), float(args.range[1])) != (params.lo, params.hi):
             raise InputError(f"--range {args.range} differs from the params file's range [{params.lo}, {params.hi}]")
     else:
@@ -131,6 +133,18 @@ def cmd_privatize(args) -> int:
         # the histogram noise (if any) and the sampling draw from independent streams of the secret seed
         result = _fit(args, labels, args.epsilon, seed=int(jax.random.randint(jax.random.fold_in(key, 1), (), 0, 2**31 - 1)))
         params, record = result.params, result.records()[0]
+        prior = result.prior_for(0)
+    postprocess = None
+    if args.denoise == "posterior":
+        from .posterior import posterior_mean
+
+        if prior is None:
+            raise InputError(
+                "--denoise posterior needs the prior the fit used: a params file saves it only for a private "
+                "histogram (fit with --prior private), or privatize without --params to fit inline"
+            )
+        posterior_mean(params, prior, [params.lo])  # fail before any output if this pair has no posterior
+        postprocess = lambda noisy: posterior_mean(params, prior, noisy)  # noqa: E731
     privatize_file(
         args.input,
         args.output,
@@ -142,6 +156,8 @@ def cmd_privatize(args) -> int:
         clip=args.clip,
         progress=not args.quiet,
         row_offset=args.row_offset,
+        postprocess=postprocess,
+        postprocess_name="posterior-mean" if postprocess else None,
     )
     return 0
 
@@ -184,6 +200,7 @@ def cmd_curves(args) -> int:
         prior=args.prior,
         prior_epsilon=args.prior_epsilon,
         bins=args.bins,
+        denoise=tuple(args.denoise or ()),
     )
     return _sweep(train_test_split(dataset, seed=0), config, args.out, args.quiet)
 
@@ -223,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--params", default=None, help="a params JSON from `rpwjax fit --save` (no refit)")
     p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range")
     p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="rows per chunk (output does not depend on it)")
+    p.add_argument("--denoise", choices=["none", "posterior"], default="none",
+                   help="posterior: write E[Y | private label] under the fit's prior (post-processing, no privacy cost)")
     p.add_argument("--row-offset", type=int, default=0,
                    help="global index of the first row, when INPUT is one shard of a larger data set (default 0)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -244,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prior-epsilon", type=float, default=None, help="epsilon_1 (default 0.1*epsilon)")
     p.add_argument("--bins", type=int, default=DEFAULT_BINS_CLI)
     p.add_argument("--clip", action="store_true", help="clip labels outside --range")
+    p.add_argument("--denoise", nargs="+", choices=list(MECHANISMS), default=None, metavar="NAME",
+                   help="also evaluate these mechanisms after posterior denoising (rows NAME+posterior)")
     p.add_argument("--out", required=True, help="output directory (results.csv and plots)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_curves)

@@ -19,6 +19,13 @@ with P and E[Y; ·] from the prior's CDF and H(x) = E[(x - Y)_+]
 
 Other mechanisms, point-mass priors (exact): the weighted sum
 Σ_j w_j p(ỹ | x_j) x_j / Σ_j w_j p(ỹ | x_j) from the exact log density.
+
+Discrete-output mechanisms (RR-on-Bins, Unbiased) under a histogram prior
+(exact): their pmf depends on the label only through cells bounded by
+``breakpoints()``, so the prior's bins are cut there into pieces on which
+p(ỹ | y) is constant; each piece enters with its mass and its mean.
+Continuous baselines under a histogram prior have no closed form here and
+are refused with a clear message.
 """
 
 from __future__ import annotations
@@ -51,11 +58,29 @@ def _rpwithprior_posterior(params: RPWithPrior, prior: Prior, y_tilde):
 
 
 @jax.jit
-def _discrete_posterior(params, points, log_mass, y_tilde):
+def _discrete_posterior(params, points, log_mass, y_tilde, values=None):
+    """Σ w p(ỹ|point) value / Σ w p(ỹ|point); ``values`` default to the points themselves."""
+    values = points if values is None else values
     log_p = jax.vmap(lambda x: params.log_density(y_tilde, jnp.full_like(y_tilde, x)))(points)  # (k, n)
     log_w = log_p + log_mass[:, None]
     norm = logsumexp(log_w, axis=0)
-    return jnp.sum(jnp.exp(log_w - norm) * points[:, None], axis=0)
+    return jnp.sum(jnp.exp(log_w - norm) * values[:, None], axis=0)
+
+
+def _cell_pieces(params: Mechanism, prior: Prior):
+    """The prior's bins cut at the mechanism's cell boundaries: (representative point, mass, mean) per piece."""
+    cuts = np.concatenate([np.asarray(prior.left), np.asarray(prior.right)]
+                          + [np.ravel(np.asarray(b, np.float64)) for b in params.breakpoints()])
+    cuts = np.unique(np.clip(cuts, prior.lo, prior.hi))
+    with jax.enable_x64(True):
+        cdf = np.asarray(prior.cdf(jnp.asarray(cuts)))
+        h = np.asarray(prior.partial_expectation(jnp.asarray(cuts)))
+    below = cuts * cdf - h  # E[Y; Y <= cut]
+    mass = np.diff(cdf)
+    first = np.diff(below)
+    keep = mass > 0
+    mids = 0.5 * (cuts[:-1] + cuts[1:])
+    return mids[keep], mass[keep], first[keep] / mass[keep]
 
 
 def posterior_mean(params: Mechanism, prior: Prior, y_tilde) -> np.ndarray:
@@ -68,14 +93,18 @@ def posterior_mean(params: Mechanism, prior: Prior, y_tilde) -> np.ndarray:
         yt = jnp.asarray(y_tilde, jnp.float64)
         if isinstance(params, RPWithPrior):
             return np.asarray(jax.jit(_rpwithprior_posterior)(params, prior, yt))
-        if not prior.discrete:
+        if prior.discrete:
+            points = values = jnp.asarray(prior.left)
+            log_mass = jnp.log(jnp.asarray(prior.mass))
+        elif params.discrete:
+            mids, mass, means = _cell_pieces(params, prior)
+            points, values, log_mass = jnp.asarray(mids), jnp.asarray(means), jnp.log(jnp.asarray(mass))
+        else:
             raise InputError(
                 f"posterior denoising of {params.name} needs a point-mass prior (exact sum); "
-                "for a histogram prior only rpwithprior has the closed form"
+                "under a histogram prior it is exact for rpwithprior, rr-on-bins and unbiased"
             )
-        points = jnp.asarray(prior.left)
-        log_mass = jnp.log(jnp.asarray(prior.mass))
         flat = yt.reshape(-1)
-        parts = [np.asarray(_discrete_posterior(params, points, log_mass, flat[i : i + _CHUNK]))
+        parts = [np.asarray(_discrete_posterior(params, points, log_mass, flat[i : i + _CHUNK], values))
                  for i in range(0, flat.size, _CHUNK)]
         return np.concatenate(parts).reshape(yt.shape) if parts else np.zeros(yt.shape)

@@ -103,13 +103,18 @@ def privatize_file(
     clip: bool = False,
     progress: bool = True,
     row_offset: int = 0,
+    postprocess=None,
+    postprocess_name: str | None = None,
 ) -> dict:
     """Stream ``input_path`` to ``output_path`` with the label column privatized.
 
     Every column is kept in order; the label column is replaced by float64
     noisy labels. ``row_offset`` is the global index of the file's first row
     when the file is one shard of a larger data set (shards privatized on
-    different machines then match a single run over the whole data). ``output_path.json`` receives ``record`` plus the row count.
+    different machines then match a single run over the whole data).
+    ``postprocess`` (e.g. posterior denoising) maps the private labels of each
+    chunk before they are written; it must be a function of the private
+    labels and public quantities only. ``output_path.json`` receives ``record`` plus the row count.
     Both files appear only if the whole file succeeded.
     """
     in_kind = io.file_kind(input_path, what="input file")
@@ -137,6 +142,8 @@ def privatize_file(
                     except InputError as err:
                         raise InputError(f"{err} (chunk starting at row {rows})") from None
                     noisy = privatize_array(params, key, y, start=int(row_offset) + rows)
+                    if postprocess is not None:
+                        noisy = np.asarray(postprocess(noisy), dtype=np.float64)
                     batch = batch.set_column(index, pa.field(label_column, pa.float64()), pa.array(noisy))
                     if writer is None:
                         writer = io.TableWriter(tmp, batch.schema, out_kind)
@@ -150,6 +157,7 @@ def privatize_file(
                 writer.close()
         if rows == 0:
             raise InputError(f"input file {str(input_path)!r} has no rows")
-        sidecar = dict(record, rows=rows, label_column=label_column, output_grid=output_grid(params))
+        sidecar = dict(record, rows=rows, label_column=label_column, output_grid=output_grid(params),
+                       postprocessing=postprocess_name)
         io.write_json(str(output_path) + ".json", sidecar)
     return sidecar
