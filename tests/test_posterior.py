@@ -71,3 +71,12 @@ def test_discrete_mechanisms_on_a_histogram_prior_match_a_fine_discretisation(me
     approx = empirical_prior(xs, 0, 1, weights=ws)
     np.testing.assert_allclose(posterior_mean(fit.params, hist, outputs), _generic(fit.params, approx, outputs),
                                atol=5e-5)
+
+
+def test_float32_discrete_outputs_are_recognised_and_impossible_ones_refused(rng):
+    fit = rpwjax.fit("rr-on-bins", rng.beta(2, 5, 500), range=(0, 1), epsilon=1.0, prior="private", seed=1)
+    noisy32 = np.asarray(rpwjax.sample_grid(fit.params, jax.random.key(0), jnp.full(2000, 0.3, jnp.float32)))
+    out = posterior_mean(fit.params, fit.prior_used, noisy32)
+    assert np.all(np.isfinite(out))
+    with pytest.raises(rpwjax.InputError, match="not an output"):
+        posterior_mean(fit.params, fit.prior_used, np.array([0.123456789]))

@@ -83,6 +83,24 @@ def _cell_pieces(params: Mechanism, prior: Prior):
     return mids[keep], mass[keep], first[keep] / mass[keep]
 
 
+def _snap_to_outputs(params: Mechanism, y_tilde: np.ndarray) -> np.ndarray:
+    """Discrete outputs that went through float32 come back to the mechanism's exact output values."""
+    outputs = np.unique(np.asarray(params.outputs, np.float64))
+    index = np.clip(np.searchsorted(outputs, y_tilde), 1, outputs.size - 1) if outputs.size > 1 else np.zeros(
+        y_tilde.shape, int)
+    if outputs.size > 1:
+        left, right = outputs[index - 1], outputs[index]
+        nearest = np.where(np.abs(y_tilde - left) <= np.abs(right - y_tilde), left, right)
+    else:
+        nearest = np.full(y_tilde.shape, outputs[0])
+    tolerance = 1e-6 * (params.hi - params.lo) + 1e-6 * np.abs(nearest)
+    far = np.abs(nearest - y_tilde) > tolerance
+    if far.any():
+        i = int(np.flatnonzero(far)[0])
+        raise InputError(f"{float(y_tilde[i])!r} is not an output of this {params.name} fit (y_tilde[{i}])")
+    return nearest
+
+
 def posterior_mean(params: Mechanism, prior: Prior, y_tilde) -> np.ndarray:
     """E[Y | Ỹ = ỹ] for each ỹ (float64), under ``prior``; ``params`` unbatched."""
     if params.batch_shape != ():
@@ -105,6 +123,8 @@ def posterior_mean(params: Mechanism, prior: Prior, y_tilde) -> np.ndarray:
                 "under a histogram prior it is exact for rpwithprior, rr-on-bins and unbiased"
             )
         flat = yt.reshape(-1)
+        if params.discrete:
+            flat = jnp.asarray(_snap_to_outputs(params, np.asarray(flat)))
         parts = [np.asarray(_discrete_posterior(params, points, log_mass, flat[i : i + _CHUNK], values))
                  for i in range(0, flat.size, _CHUNK)]
         return np.concatenate(parts).reshape(yt.shape) if parts else np.zeros(yt.shape)
