@@ -34,6 +34,20 @@ class Mechanism:
     pure: ClassVar[bool] = True
     discrete: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs):
+        # A subclass that only overrides methods (a variant sampler, a deliberately
+        # broken mechanism in a test) stays a pytree with its parent's fields, so
+        # every jitted entry point accepts it. Subclasses declaring new fields are
+        # registered by @params_dataclass instead.
+        super().__init_subclass__(**kwargs)
+        parent_static = getattr(cls, "_static_fields", None)
+        if parent_static is not None and dataclasses.is_dataclass(cls) and not cls.__dict__.get("__annotations__"):
+            names = [f.name for f in dataclasses.fields(cls)]
+            jax.tree_util.register_dataclass(
+                cls, data_fields=[n for n in names if n not in parent_static],
+                meta_fields=[n for n in names if n in parent_static],
+            )
+
     # -- to be provided by subclasses -------------------------------------------
     def sample(self, key, y):  # pragma: no cover - interface
         raise NotImplementedError
@@ -98,6 +112,7 @@ def params_dataclass(cls=None, *, static=()):
 
     def wrap(c):
         c = dataclasses.dataclass(frozen=True)(c)
+        c._static_fields = tuple(static)
         names = [f.name for f in dataclasses.fields(c)]
         return jax.tree_util.register_dataclass(
             c, data_fields=[n for n in names if n not in static], meta_fields=[n for n in names if n in static]

@@ -47,24 +47,13 @@ def output_grid(params: Mechanism) -> float | None:
     return float(2.0 ** (np.floor(np.log2(params.hi - params.lo)) - GRID_BITS))
 
 
-def _sample_blocks_impl(params, key, first_block, y_blocks, num_blocks, grid):
+@partial(jax.jit, static_argnames=("num_blocks", "grid"))
+def _sample_blocks(params, key, first_block, y_blocks, num_blocks, grid):
     keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(first_block + jnp.arange(num_blocks))
     out = jax.vmap(params.sample)(keys, y_blocks)
     if grid is not None:
         out = jnp.round(out / grid) * grid
     return out
-
-
-_sample_blocks = jax.jit(_sample_blocks_impl, static_argnames=("num_blocks", "grid"))
-
-
-def _sampler(params):
-    """The compiled block sampler; parameter classes that are not pytrees (ad-hoc subclasses) are closed over."""
-    if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(params)):
-        return lambda _, *args, **kw: jax.jit(partial(_sample_blocks_impl, params), static_argnames=("num_blocks", "grid"))(
-            *args, **kw
-        )
-    return _sample_blocks
 
 
 def privatize_array(params: Mechanism, key, labels, *, start: int = 0) -> np.ndarray:
@@ -86,7 +75,7 @@ def privatize_array(params: Mechanism, key, labels, *, start: int = 0) -> np.nda
             # devices changes where a block is computed, never what it computes
             mesh = jax.sharding.Mesh(np.array(devices), ("blocks",))
             blocks = jax.device_put(blocks, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("blocks")))
-        out = _sampler(params)(params, key, start // BLOCK_ROWS, blocks, num_blocks=num_blocks, grid=output_grid(params))
+        out = _sample_blocks(params, key, start // BLOCK_ROWS, blocks, num_blocks=num_blocks, grid=output_grid(params))
         out = np.asarray(out).reshape(-1)
     return out[offset : offset + y.size]
 
