@@ -52,13 +52,6 @@ def test_posterior_minimises_squared_error_against_raw_outputs(rng):
     assert np.mean((clean - y) ** 2) < np.mean((noisy - y) ** 2)
 
 
-def test_histogram_prior_needs_closed_form():
-    hist = histogram_prior([0, 0.5, 1], [1, 1])
-    fit = rpwjax.fit("laplace", [0.2], range=(0, 1), epsilon=1.0)
-    with pytest.raises(rpwjax.InputError, match="point-mass prior"):
-        posterior_mean(fit.params, hist, np.array([0.3]))
-
-
 @pytest.mark.parametrize("mechanism", ["rr-on-bins", "unbiased"])
 def test_discrete_mechanisms_on_a_histogram_prior_match_a_fine_discretisation(mechanism, rng):
     edges = np.array([0.0, 0.1, 0.35, 0.5, 0.8, 1.0])  # unequal widths: cells do not align with bins
@@ -80,3 +73,16 @@ def test_float32_discrete_outputs_are_recognised_and_impossible_ones_refused(rng
     assert np.all(np.isfinite(out))
     with pytest.raises(rpwjax.InputError, match="not an output"):
         posterior_mean(fit.params, fit.prior_used, np.array([0.123456789]))
+
+
+def test_prior_free_mechanism_pays_for_the_prior_it_is_denoised_with(rng):
+    y = rng.uniform(0, 1, 500)
+    plain = rpwjax.fit("laplace", y, range=(0, 1), epsilon=1.0, prior="private", seed=3)
+    assert float(plain.epsilon_prior) == 0.0 and float(plain.epsilon_mechanism) == 1.0
+    fit = rpwjax.fit("laplace", y, range=(0, 1), epsilon=1.0, prior="private", seed=3, spend_prior=True)
+    assert float(fit.epsilon_prior) == pytest.approx(0.1) and float(fit.epsilon_mechanism) == pytest.approx(0.9)
+    assert fit.prior_used.kind == "private-histogram"
+    noisy = np.asarray(fit.params.sample(jax.random.key(0), jnp.asarray(y)), np.float64)
+    clean = posterior_mean(fit.params, fit.prior_used, noisy)
+    assert np.all((clean >= 0) & (clean <= 1))
+    assert np.mean((clean - y) ** 2) < np.mean((noisy - y) ** 2)

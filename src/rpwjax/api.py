@@ -141,6 +141,7 @@ def fit(
     bins: int = DEFAULT_BINS,
     seed: int | None = None,
     clip: bool = False,
+    spend_prior: bool = False,
     **options,
 ) -> FitResult:
     """Fit ``mechanism`` for a total privacy budget ``epsilon`` (scalar or 1-d grid).
@@ -159,6 +160,9 @@ def fit(
       seed: seed of the histogram noise; default: fresh OS randomness (a known
         seed lets anyone subtract the noise).
       clip: clip labels outside the range instead of refusing them.
+      spend_prior: also build the prior for a mechanism that does not use one
+        (Laplace, Gaussian, Staircase), e.g. to denoise its outputs under it;
+        with ``prior="private"`` that costs ε₁ and the mechanism gets ε - ε₁.
       options: mechanism options (``zeta``, ``objective``, ``delta``, ...).
     """
     fit_fn, _, uses_prior = _entry(mechanism)
@@ -174,7 +178,7 @@ def fit(
         check_choice(prior, "prior", PRIORS)
         if labels is None:
             raise InputError("labels are required unless a Prior object is given")
-        if not uses_prior:
+        if not uses_prior and not spend_prior:
             # the prior would only serve reporting; spending budget on it would be waste
             prior_obj = empirical_prior(labels, lo, hi, clip=clip) if prior == "empirical" else None
             kind = "empirical" if prior == "empirical" else "none"
