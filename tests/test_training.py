@@ -151,3 +151,19 @@ def test_bad_inputs_name_the_problem(small_problem):
         train_many(bad, y, np.arange(1))
     with pytest.raises(InputError, match="finite"):
         train_many(x, np.full(300, np.inf), np.arange(1))
+
+
+def test_early_stopping_returns_each_models_best_validation_epoch():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 3)).astype(np.float32)
+    y = (x[:, 0] + 0.1 * rng.normal(size=200)).astype(np.float32)
+    noisy = np.stack([y + 3.0 * rng.normal(size=200).astype(np.float32) for _ in range(2)])
+    x_val = rng.normal(size=(100, 3)).astype(np.float32)
+    y_val = np.stack([x_val[:, 0]] * 2)
+    seeds = np.array([1, 2])
+    last = train_many(x, noisy, seeds, epochs=12)
+    best = train_many(x, noisy, seeds, epochs=12, validation=(x_val, y_val))
+    # the best epoch is at least as good on the validation rows as the last one, for every model
+    assert np.all(test_mse_many(best, x_val, x_val[:, 0]) <= test_mse_many(last, x_val, x_val[:, 0]) + 1e-7)
+    with pytest.raises(InputError, match="validation"):
+        train_many(x, noisy, seeds, epochs=1, validation=(x_val, y_val[:, :10]))

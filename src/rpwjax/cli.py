@@ -75,6 +75,7 @@ def _fit(args, labels, epsilon, seed):
         bins=args.bins,
         seed=seed,
         clip=args.clip,
+        spend_prior=getattr(args, "denoise", "none") == "posterior",
         **_mechanism_options(args),
     )
 
@@ -141,7 +142,8 @@ def cmd_privatize(args) -> int:
         if prior is None:
             raise InputError(
                 "--denoise posterior needs the prior the fit used: a params file saves it only for a private "
-                "histogram (fit with --prior private), or privatize without --params to fit inline"
+                "histogram (fit with --prior private; for laplace, gaussian and staircase privatize without "
+                "--params, which then spends epsilon_1 on the histogram), or privatize without --params to fit inline"
             )
         posterior_mean(params, prior, [params.lo])  # fail before any output if this pair has no posterior
         postprocess = lambda noisy: posterior_mean(params, prior, noisy)  # noqa: E731
@@ -201,6 +203,7 @@ def cmd_curves(args) -> int:
         prior_epsilon=args.prior_epsilon,
         bins=args.bins,
         denoise=tuple(args.denoise or ()),
+        variants=tuple(args.variants or ()),
     )
     return _sweep(train_test_split(dataset, seed=0), config, args.out, args.quiet)
 
@@ -249,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_privatize)
 
     from .api import MECHANISMS, PRIORS
+    from .experiments import VARIANTS
 
     p = sub.add_parser("curves", help="privacy-utility sweep: train MLPs on privatized labels, plot test MSE against epsilon")
     p.add_argument("--dataset", choices=["california", "crime", "criteo-synthetic"], default=None)
@@ -265,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clip", action="store_true", help="clip labels outside --range")
     p.add_argument("--denoise", nargs="+", choices=list(MECHANISMS), default=None, metavar="NAME",
                    help="also evaluate these mechanisms after posterior denoising (rows NAME+posterior)")
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None, metavar="NAME",
+                   help="also run these beyond-the-paper pipelines: " + ", ".join(VARIANTS))
     p.add_argument("--out", required=True, help="output directory (results.csv and plots)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_curves)

@@ -48,6 +48,7 @@ class SweepConfig:
     max_models: int = 360
     include_floor: bool = True  # also train the non-private MLP on the true labels
     denoise: tuple[str, ...] = ()  # mechanisms also evaluated after posterior denoising ("NAME+posterior")
+    variants: tuple[str, ...] = ()  # beyond-the-paper pipelines (see VARIANTS)
 
     def validate(self):
         for m in self.mechanisms:
@@ -58,9 +59,59 @@ class SweepConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or int(v) != v or v < 1:
                 raise InputError(f"{name} must be a positive integer, got {name}={v!r}")
+        for v in self.variants:
+            if v not in VARIANTS:
+                raise InputError(f"variant must be one of {', '.join(VARIANTS)}, got variant={v!r}")
         if self.prior not in api.PRIORS:
             raise InputError(f"prior must be one of {', '.join(api.PRIORS)}, got prior={self.prior!r}")
         return self
+
+
+# beyond-the-paper pipelines (rpwjax.twostage): name -> settings
+VARIANTS = {
+    "rpwithprior+calibrated": {"prior_fraction": 0.5},
+    "two-stage": {"stage1": "unbiased", "stage2": "rpwithprior", "fraction": 0.5},
+    "two-stage-rpwithprior": {"stage1": "rpwithprior", "stage2": "rpwithprior", "fraction": 0.5},
+    "two-stage-unbiased": {"stage1": "unbiased", "stage2": "unbiased", "fraction": 0.3},
+}
+
+
+def _variant_jobs(split: Split, config: SweepConfig, name: str, eps: np.ndarray, bar=None) -> list[tuple]:
+    """(name, ε, seed, labels, label mse, seconds per label set, 0) for every ε and seed of a variant."""
+    from . import twostage
+
+    y = split.y_train
+    jobs = []
+    settings = VARIANTS[name]
+    for seed in range(config.seeds):
+        start = time.perf_counter()
+        if name == "rpwithprior+calibrated":
+            labels = [twostage.calibrated_denoised(y, split.lo, split.hi, e, seed=30_000 + seed,
+                                                   prior_fraction=settings["prior_fraction"], bins=config.bins)[0]
+                      for e in eps]
+        else:
+            cfg = twostage.TwoStageConfig(bins=config.bins, **settings)
+            runs = [twostage.TwoStageRun(y, split.lo, split.hi, e, 30_000 + seed, cfg) for e in eps]
+
+            def train_predict(rows, targets, offset):
+                return twostage.stage_model_predictions(
+                    split.x_train, rows, np.stack(targets), np.full(len(targets), 40_000 + 10 * seed + offset),
+                    epochs=config.epochs, holdout=cfg.holdout, split_seed=50_000 + 10 * seed + offset)
+
+            # every run of this seed shares the A/B split, so their models train together
+            for run, pred in zip(runs, train_predict(runs[0].stage1_rows, [r.stage1_targets for r in runs], 1)):
+                run.stage2(pred)
+            if runs[0].needs_cross:
+                preds = train_predict(runs[0].cross_rows, [r.cross_targets for r in runs], 2)
+            else:
+                preds = [None] * len(runs)
+            labels = [run.finish(pred).labels for run, pred in zip(runs, preds)]
+        seconds = (time.perf_counter() - start) / eps.size
+        for e, lab in zip(eps, labels):
+            jobs.append((name, float(e), seed, np.asarray(lab, np.float32), float(np.mean((lab - y) ** 2)), seconds, 0.0))
+        if bar is not None:
+            bar.update(1)
+    return jobs
 
 
 def _mechanism_index(name: str) -> int:
@@ -88,7 +139,7 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
     eps = np.asarray(config.epsilons, np.float64)
     y = split.y_train
     jobs = []  # (mechanism, epsilon, seed, noisy labels, label mse, fit s, sample s)
-    total_fits = len(config.mechanisms) * (config.seeds if config.prior == "private" else 1)
+    total_fits = len(config.mechanisms) * (config.seeds if config.prior == "private" else 1) + len(config.variants) * config.seeds
     with tqdm(total=total_fits, desc=f"{split.name}: fit+privatize", disable=not progress, unit="fit") as bar:
         for mech in config.mechanisms:
             fit = None
@@ -111,12 +162,22 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
                 if mech in config.denoise:
                     from .posterior import posterior_mean
 
+                    if fit.prior_used is None or fit.prior_used.kind == "none":
+                        # a prior-free mechanism: the denoised rows pay for their own prior (ε₁) like the others
+                        fit = api.fit(
+                            mech, y, range=(split.lo, split.hi), epsilon=eps, prior=config.prior,
+                            prior_epsilon=config.prior_epsilon, bins=config.bins, seed=10_000 + seed,
+                            spend_prior=True, **SWEEP_OPTIONS.get(mech, {}),
+                        )
+                        noisy = privatize_grid(fit, seed, mech, y)
                     for i, e in enumerate(eps):
                         start = time.perf_counter()
                         clean = posterior_mean(fit.params[i], fit.prior_for(i), noisy[i]).astype(np.float32)
                         seconds = sample_seconds + time.perf_counter() - start
                         mse_i = float(np.mean((clean.astype(np.float64) - y) ** 2))
                         jobs.append((f"{mech}+posterior", float(e), seed, clean, mse_i, fit_seconds, seconds))
+        for name in config.variants:
+            jobs.extend(_variant_jobs(split, config, name, eps, bar))
     # the floor: the same network on the true labels
     for seed in range(config.seeds if config.include_floor else 0):
         jobs.append((NON_PRIVATE, math.inf, seed, np.asarray(y, np.float32), 0.0, 0.0, 0.0))

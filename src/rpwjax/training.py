@@ -181,6 +181,7 @@ def train_many(
     hidden=(128, 64),
     return_losses: bool = False,
     on_epoch=None,
+    validation=None,
 ):
     """Train ``M = len(seeds)`` MLPs at once; returns their parameters, batched over ``M``.
 
@@ -193,6 +194,10 @@ def train_many(
     With ``return_losses=True`` also returns the mean training loss of every
     epoch, shape ``(epochs, M)``. ``on_epoch()`` is called after each epoch
     (progress bars).
+
+    ``validation=(x_val, y_val)`` (``y_val`` shaped like ``y_train``): early
+    stopping. Each model's validation MSE is measured after every epoch and
+    the parameters of its best epoch are returned (per model).
     """
     x = _check_features(x_train, "x_train")
     n = x.shape[0]
@@ -218,16 +223,38 @@ def train_many(
     x_dev, y_dev = jnp.asarray(x, _DTYPE), jnp.asarray(y, _DTYPE)
     init_keys, shuffle_keys = _model_keys(seeds)
     params, opt_state = _init_many(init_keys, x_dev, config=config)
+    if validation is not None:
+        x_val = jnp.asarray(_check_features(validation[0], "x_val"), _DTYPE)
+        y_val = np.asarray(validation[1], np.float32)
+        y_val = jnp.asarray(np.broadcast_to(y_val, (m, y_val.shape[-1])), _DTYPE)
+        if x_val.shape[1] != x.shape[1] or y_val.shape[1] != x_val.shape[0]:
+            raise InputError(f"validation rows and targets disagree: x_val {x_val.shape}, y_val {y_val.shape}")
+        best_params, best_loss = params, jnp.full((m,), jnp.inf, _DTYPE)
     losses = []
     for epoch in range(epochs):
         params, opt_state, loss = _epoch_many(params, opt_state, shuffle_keys, epoch, x_dev, y_dev, config=config)
+        if validation is not None:
+            best_params, best_loss = _keep_best(params, best_params, best_loss, x_val, y_val)
         losses.append(loss)
         if on_epoch is not None:
             loss.block_until_ready()  # so a progress bar shows work done, not work queued
             on_epoch()
+    if validation is not None:
+        params = best_params
     if return_losses:
         return params, np.asarray(jnp.stack(losses))
     return params
+
+
+@jax.jit
+def _keep_best(params, best_params, best_loss, x_val, y_val):
+    val = jnp.mean((jax.vmap(mlp_apply, in_axes=(0, None))(params, x_val) - y_val) ** 2, axis=1)
+    better = val < best_loss
+
+    def pick(new, old):
+        return jnp.where(better.reshape((-1,) + (1,) * (new.ndim - 1)), new, old)
+
+    return jax.tree_util.tree_map(pick, params, best_params), jnp.where(better, val, best_loss)
 
 
 @jax.jit

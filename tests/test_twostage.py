@@ -1,0 +1,169 @@
+"""The two-stage, feature-aware pipeline and the mean-calibrated prior (rpwjax.twostage)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rpwjax import InputError, twostage
+from rpwjax.posterior import posterior_mean
+from rpwjax.priors import histogram_prior
+from rpwjax.rpwithprior import fit_rpwithprior
+from rpwjax.unbiased import fit_unbiased
+
+LO, HI = 0.0, 5.0
+
+
+def _residual_hist(rng):
+    edges = np.linspace(-(HI - LO), HI - LO, 21)
+    mass = np.exp(-0.5 * (0.5 * (edges[:-1] + edges[1:]) / 0.8) ** 2) + 0.01 * rng.random(20)
+    return edges, mass / mass.sum()
+
+
+def _row(priors, i):
+    return jax.tree_util.tree_map(lambda v: np.asarray(v)[i], priors)
+
+
+def test_shifted_priors_are_the_residual_histogram_moved_and_cut_to_the_range(rng):
+    edges, mass = _residual_hist(rng)
+    centres = np.array([0.0, 1.3, 4.9, 5.0])
+    priors = twostage.shifted_priors(edges, mass, centres, LO, HI)
+    assert np.allclose(np.asarray(priors.mass).sum(axis=1), 1.0)
+    assert np.asarray(priors.left).min() >= LO and np.asarray(priors.right).max() <= HI
+    # inside the range the density is the residual density at y - centre, up to the renormalisation
+    p = _row(priors, 1)
+    ys = np.array([0.6, 1.55, 2.1, 3.2])  # no bin edge within 1e-6
+    with jax.enable_x64(True):
+        dens = np.diff(np.asarray(p.cdf(jnp.asarray(np.stack([ys - 1e-6, ys + 1e-6])))), axis=0)[0] / 2e-6
+    expected = mass[np.searchsorted(edges, ys - 1.3, side="right") - 1] / np.diff(edges)[0]
+    assert np.allclose(dens / expected, (dens / expected)[0], rtol=1e-5)
+
+
+def test_shifted_priors_fall_back_when_no_mass_is_left_in_the_range():
+    edges = np.linspace(-5, 5, 11)
+    mass = np.zeros(10)
+    mass[9] = 1.0  # all residual mass at +4..+5: nothing left inside [0, 5] for a centre at 4.5
+    fallback = histogram_prior(np.linspace(LO, HI, 11), np.arange(1, 11))
+    priors = twostage.shifted_priors(edges, mass, np.array([4.5, 0.0]), LO, HI, fallback)
+    assert np.allclose(np.asarray(priors.mass)[0], np.asarray(fallback.mass))
+    assert np.isclose(np.asarray(priors.mass)[1].sum(), 1.0)
+
+
+def test_per_example_intervals_equal_the_exact_fit_on_each_row(rng):
+    edges, mass = _residual_hist(rng)
+    centres = np.array([0.2, 2.5, 4.7])
+    priors = twostage.shifted_priors(edges, mass, centres, LO, HI)
+    params = twostage.per_example_intervals(priors, 0.3, 1.2)
+    for i in range(centres.size):
+        alone, _ = fit_rpwithprior(_row(priors, i), 1.2, zeta=0.3)
+        assert params.a1[i] == pytest.approx(float(alone.a1), abs=1e-9)
+        assert params.a2[i] == pytest.approx(float(alone.a2), abs=1e-9)
+        assert LO <= params.a1[i] <= params.a2[i] <= HI
+
+
+def test_per_row_posterior_equals_the_one_prior_posterior(rng):
+    edges, mass = _residual_hist(rng)
+    centres = rng.uniform(LO, HI, 6)
+    priors = twostage.shifted_priors(edges, mass, centres, LO, HI)
+    rp = twostage.per_example_intervals(priors, 0.25, 0.8)
+    y = rng.uniform(LO, HI, 6)
+    noisy = np.asarray(rp.sample(jax.random.key(0), jnp.asarray(y)))
+    got = twostage.posterior_mean_per_example(rp, priors, noisy)
+    for i in range(6):
+        one = jax.tree_util.tree_map(lambda v: np.asarray(v)[i], rp)
+        assert got[i] == pytest.approx(float(posterior_mean(one, _row(priors, i), noisy[i:i + 1])[0]), rel=1e-9)
+    # a discrete mechanism shared by all rows
+    unb, _ = fit_unbiased(histogram_prior(np.linspace(LO, HI, 9), np.ones(8)), 1.0)
+    out = np.asarray(unb.sample(jax.random.key(1), jnp.asarray(y)))
+    got = twostage.posterior_mean_per_example(unb, priors, out)
+    for i in range(6):
+        assert got[i] == pytest.approx(float(posterior_mean(unb, _row(priors, i), out[i:i + 1])[0]), rel=1e-9)
+    assert np.all((got >= LO) & (got <= HI))
+
+
+def test_tilt_hits_the_private_mean_and_keeps_the_shape_ordering(rng):
+    left, right = np.linspace(LO, HI, 11)[:-1], np.linspace(LO, HI, 11)[1:]
+    mass = rng.random(10)
+    mass /= mass.sum()
+    for target in (0.7, 2.5, 4.1):
+        tilted = twostage._tilt_to_mean(left, right, mass, target)
+        assert np.isclose(tilted.sum(), 1.0)
+        assert np.sum(tilted * 0.5 * (left + right)) == pytest.approx(target, abs=1e-9)
+        ratio = tilted / mass  # an exponential tilt: log ratio linear in the bin centre
+        assert np.allclose(np.diff(np.log(ratio), 2), 0.0, atol=1e-9)
+
+
+def test_private_mean_noise_has_the_laplace_scale():
+    y = np.full(1000, 2.0)
+    draws = np.array([twostage.private_mean(y, LO, HI, 0.5, jax.random.key(s)) for s in range(400)])
+    scale = (HI - LO) / (1000 * 0.5)
+    # mean absolute deviation of Laplace(b) is b; 400 draws: about 5% standard error
+    assert np.mean(np.abs(draws - 2.0)) == pytest.approx(scale, rel=0.2)
+
+
+def _data(rng, n=600):
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    y = np.clip(2.5 + 1.2 * x[:, 0] - 0.6 * x[:, 1] + 0.3 * rng.normal(size=n), LO, HI)
+    return x, y
+
+
+@pytest.mark.parametrize("stage2", ["rpwithprior", "unbiased"])
+def test_two_stage_accounting_and_per_label_privacy(stage2, rng):
+    x, y = _data(rng)
+    cfg = twostage.TwoStageConfig(stage2=stage2, fraction=0.4)
+    run = twostage.two_stage_labels(x, y, LO, HI, 1.0, seed=5, config=cfg, epochs=3)
+    rec = run.record
+    for part in ("part_a", "part_b"):
+        spent = rec[part].get("prior_histogram_epsilon", rec[part].get("residual_histogram_epsilon"))
+        assert spent + rec[part]["mechanism_epsilon"] == pytest.approx(1.0)
+    assert rec["part_a"]["rows"] + rec["part_b"]["rows"] == y.size
+    assert np.intersect1d(run.part_a, run.part_b).size == 0
+    assert run.labels.shape == y.shape and np.all(np.isfinite(run.labels))
+    # every stage-2 row's mechanism is eps2-DP: exact log density ratio over labels in the whole range
+    labels = np.linspace(LO, HI, 101)
+    params = run.stage2_params
+    for row in (0, 7, 31):
+        out = float(run.stage2_outputs[row])
+        if stage2 == "rpwithprior":
+            one = jax.tree_util.tree_map(lambda v: np.asarray(v)[row], params)
+            with jax.enable_x64(True):
+                logp = np.asarray(one.log_density(jnp.full(labels.shape, out), jnp.asarray(labels)))
+        else:
+            # the unbiased residual mechanism sees clip(y - m1(x), c_lo, c_hi)
+            m1 = run.labels[run.part_b][row] - out
+            z = np.clip(labels - m1, *run.residual_range)
+            with jax.enable_x64(True):
+                logp = np.asarray(params.log_density(jnp.full(labels.shape, out, jnp.float32), jnp.asarray(z, jnp.float32)))
+        assert np.all(np.isfinite(logp))
+        assert logp.max() - logp.min() <= rec["part_b"]["mechanism_epsilon"] + 1e-6
+
+
+def test_two_stage_denoised_labels_beat_the_raw_stage_outputs_on_an_easy_problem(rng):
+    x, y = _data(rng, n=2000)
+    run = twostage.two_stage_labels(x, y, LO, HI, 2.0, seed=1, epochs=20)
+    b = run.part_b
+    assert np.mean((run.labels[b] - y[b]) ** 2) < np.mean((run.stage2_outputs - y[b]) ** 2)
+    # the feature-aware labels are closer to the truth than the mechanism's raw outputs on part A too
+    a = run.part_a
+    assert np.mean((run.labels[a] - y[a]) ** 2) < np.mean((run.stage1_outputs - y[a]) ** 2)
+
+
+def test_two_stage_is_reproducible_and_rejects_bad_settings(rng):
+    x, y = _data(rng, n=200)
+    a = twostage.two_stage_labels(x, y, LO, HI, 1.0, seed=2, epochs=2).labels
+    b = twostage.two_stage_labels(x, y, LO, HI, 1.0, seed=2, epochs=2).labels
+    assert np.array_equal(a, b)
+    with pytest.raises(InputError, match="fraction"):
+        twostage.TwoStageConfig(fraction=1.0).validate()
+    with pytest.raises(InputError, match="stage2"):
+        twostage.TwoStageConfig(stage2="laplace").validate()
+    with pytest.raises(InputError, match="features"):
+        twostage.two_stage_labels(x[:10], y, LO, HI, 1.0, seed=2, epochs=1)
+
+
+def test_calibrated_denoising_at_small_epsilon_recovers_the_mean(rng):
+    y = np.clip(rng.gamma(2.0, 0.6, 20_000), LO, HI)
+    labels, record = twostage.calibrated_denoised(y, LO, HI, 0.05, seed=0)
+    assert record["prior_epsilon"] + record["mechanism_epsilon"] == pytest.approx(0.05)
+    # private mean with eps/4: Laplace scale 5/(20000*0.0125) = 0.02
+    assert abs(labels.mean() - y.mean()) < 0.15
