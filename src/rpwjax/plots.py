@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .api import MECHANISMS
 from .experiments import NON_PRIVATE, mechanism_label, mechanism_order, summarize
 
 
@@ -24,16 +25,20 @@ def plot_curves(rows: list[dict], out_dir) -> list[Path]:
         sub = [s for s in summary if s["dataset"] == dataset]
         fig, (ax_test, ax_label) = plt.subplots(1, 2, figsize=(12, 4.8))
         mechs = mechanism_order(s["mechanism"] for s in sub if s["mechanism"] != NON_PRIVATE)
-        for m in mechs:
+        colors = plt.get_cmap("tab20" if len(mechs) > 10 else "tab10")
+        for index, m in enumerate(mechs):
             cells = sorted((s for s in sub if s["mechanism"] == m), key=lambda s: s["epsilon"])
             e = np.array([c["epsilon"] for c in cells])
             mean = np.array([c["test_mse_mean"] for c in cells])
             std = np.array([c["test_mse_std"] for c in cells])
             style = {"linewidth": 2.4} if m == "rpwithprior" else {"linewidth": 1.4}
+            style["color"] = colors(index % colors.N)
+            if m not in MECHANISMS:  # beyond-the-paper variants: dashed
+                style["linestyle"] = "--"
             (line,) = ax_test.plot(e, mean, marker="o", markersize=3, label=mechanism_label(m), **style)
             ax_test.fill_between(e, np.maximum(mean - std, 1e-12), mean + std, color=line.get_color(), alpha=0.18)
             ax_label.plot(e, [c["label_mse_mean"] for c in cells], marker="o", markersize=3,
-                          color=line.get_color(), label=mechanism_label(m), **style)
+                          label=mechanism_label(m), **style)
         floor = [s for s in sub if s["mechanism"] == NON_PRIVATE]
         if floor:
             ax_test.axhline(floor[0]["test_mse_mean"], color="black", linestyle="--", linewidth=1, label="non-private MLP")
