@@ -167,3 +167,41 @@ def test_calibrated_denoising_at_small_epsilon_recovers_the_mean(rng):
     assert record["prior_epsilon"] + record["mechanism_epsilon"] == pytest.approx(0.05)
     # private mean with eps/4: Laplace scale 5/(20000*0.0125) = 0.02
     assert abs(labels.mean() - y.mean()) < 0.15
+
+
+def test_public_design_bounds_every_row_and_keeps_an_intercept(rng):
+    x = rng.normal(size=(500, 12)) * np.arange(1, 13)
+    design, bound = twostage.public_design(x, components=4)
+    assert design.shape == (500, 5)
+    assert np.all(np.abs(design).sum(axis=1) <= bound + 1e-9)
+    assert np.all(design[:, 0] > 0)  # the intercept column (scaled down only on clipped rows)
+
+
+def test_private_linear_fit_recovers_the_least_squares_fit_at_large_epsilon_and_adds_laplace_noise(rng):
+    x = rng.normal(size=(4000, 3))
+    y = np.clip(2.5 + x @ np.array([0.8, -0.4, 0.2]) + 0.2 * rng.normal(size=4000), LO, HI)
+    design, bound = twostage.public_design(x, components=3)
+    ols = np.linalg.lstsq(design, y - 2.5, rcond=None)[0]
+    theta, centre = twostage.private_linear_fit(design, y, LO, HI, 1e4, jax.random.key(0), bound=bound)
+    assert centre == 2.5 and np.allclose(theta, ols, atol=1e-3)
+    # at small ε the release is noisy: the spread over keys matches Laplace((hi - lo)·bound/ε) on Xᵀy
+    thetas = np.array([twostage.private_linear_fit(design, y, LO, HI, 0.5, jax.random.key(s), bound=bound)[0]
+                       for s in range(200)])
+    gram = design.T @ design
+    b = (HI - LO) * bound / 0.5
+    ridge = 2 * b**2 / (((HI - LO) / 4) ** 2 * y.size)
+    released = thetas @ (gram + ridge * np.eye(4)).T  # Xᵀy + noise, recovered
+    noise = released - design.T @ (y - 2.5)
+    assert np.mean(np.abs(noise)) == pytest.approx(b, rel=0.1)
+
+
+def test_linear_prior_labels_accounting_and_per_row_privacy(rng):
+    x, y = _data(rng, n=1500)
+    labels, record = twostage.linear_prior_labels(x, y, LO, HI, 1.0, seed=4)
+    spent = record["statistics_epsilon"] + record["residual_histogram_epsilon"] + record["mechanism_epsilon"]
+    assert spent == pytest.approx(1.0) and record["per_label_epsilon"] == 1.0
+    assert labels.shape == y.shape and np.all((labels >= LO) & (labels <= HI))
+    # with a good linear model the denoised labels are much closer than the label spread
+    assert np.mean((labels - y) ** 2) < 0.5 * np.var(y)
+    with pytest.raises(InputError, match="features"):
+        twostage.linear_prior_labels(x[:5], y, LO, HI, 1.0, seed=4)

@@ -70,6 +70,7 @@ class SweepConfig:
 # beyond-the-paper pipelines (rpwjax.twostage): name -> settings
 VARIANTS = {
     "rpwithprior+calibrated": {"prior_fraction": 0.5},
+    "linear-prior": {"stats_fraction": 0.4, "prior_fraction": 0.1},
     "two-stage": {"stage1": "unbiased", "stage2": "rpwithprior", "fraction": 0.5},
     "two-stage-rpwithprior": {"stage1": "rpwithprior", "stage2": "rpwithprior", "fraction": 0.5},
     "two-stage-unbiased": {"stage1": "unbiased", "stage2": "unbiased", "fraction": 0.3},
@@ -88,6 +89,10 @@ def _variant_jobs(split: Split, config: SweepConfig, name: str, eps: np.ndarray,
         if name == "rpwithprior+calibrated":
             labels = [twostage.calibrated_denoised(y, split.lo, split.hi, e, seed=30_000 + seed,
                                                    prior_fraction=settings["prior_fraction"], bins=config.bins)[0]
+                      for e in eps]
+        elif name == "linear-prior":
+            labels = [twostage.linear_prior_labels(split.x_train, y, split.lo, split.hi, e, seed=30_000 + seed,
+                                                   **settings)[0]
                       for e in eps]
         else:
             cfg = twostage.TwoStageConfig(bins=config.bins, **settings)
