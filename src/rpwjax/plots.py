@@ -26,11 +26,13 @@ def plot_curves(rows: list[dict], out_dir) -> list[Path]:
         fig, (ax_test, ax_label) = plt.subplots(1, 2, figsize=(12, 4.8))
         mechs = mechanism_order(s["mechanism"] for s in sub if s["mechanism"] != NON_PRIVATE)
         colors = plt.get_cmap("tab20" if len(mechs) > 10 else "tab10")
+        lowest = np.inf
         for index, m in enumerate(mechs):
             cells = sorted((s for s in sub if s["mechanism"] == m), key=lambda s: s["epsilon"])
             e = np.array([c["epsilon"] for c in cells])
             mean = np.array([c["test_mse_mean"] for c in cells])
             std = np.array([c["test_mse_std"] for c in cells])
+            lowest = min(lowest, float(mean.min()))
             style = {"linewidth": 2.4} if m == "rpwithprior" else {"linewidth": 1.4}
             style["color"] = colors(index % colors.N)
             if m not in MECHANISMS:  # beyond-the-paper variants: dashed
@@ -40,6 +42,10 @@ def plot_curves(rows: list[dict], out_dir) -> list[Path]:
             ax_label.plot(e, [c["label_mse_mean"] for c in cells], marker="o", markersize=3,
                           label=mechanism_label(m), **style)
         floor = [s for s in sub if s["mechanism"] == NON_PRIVATE]
+        if floor:
+            lowest = min(lowest, floor[0]["test_mse_mean"])
+        if np.isfinite(lowest):  # a ±std band reaching below zero must not stretch the log axis
+            ax_test.set_ylim(bottom=0.5 * lowest)
         if floor:
             ax_test.axhline(floor[0]["test_mse_mean"], color="black", linestyle="--", linewidth=1, label="non-private MLP")
         for ax, title in ((ax_test, "test MSE of the trained MLP"), (ax_label, "label MSE E[(Ỹ − Y)²] on train labels")):

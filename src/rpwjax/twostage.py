@@ -11,15 +11,18 @@ The two-stage pipeline (one ε; every label is privatized exactly once):
 
 1. Split the training rows at random (public randomness, independent of
    the labels) into part A (``fraction`` of the rows) and part B.
-2. Stage 1, part A: a private histogram of A's labels (ε₁ = ``prior_fraction``·ε)
-   and the ``stage1`` mechanism with ε₂ = ε - ε₁ (the paper's setting).
-   A model m₁ is trained on A's private labels (post-processing).
+2. Stage 1, part A: a private histogram of A's labels (ε₁ = ``prior_fraction``·ε,
+   Laplace counts projected onto the public row count, :func:`project_counts`)
+   and the ``stage1`` mechanism with ε₂ = ε - ε₁. A model m₁ is trained on
+   A's private labels, early-stopped on a public 20% of A's rows against
+   their private labels (:func:`stage_model_predictions`; post-processing).
 3. Stage 2, part B: the residuals r = y - m₁(x) of B (m₁ clipped to the
-   range, so r lies in the public [-(hi-lo), hi-lo]) go into a private
-   histogram (ε₁, Laplace(2/ε₁) counts, clipped at zero: empty bins keep a
-   floor of noise, which keeps the prior honest about its own uncertainty).
+   range, so r lies in the public [-(hi-lo), hi-lo]) are released once as a
+   Laplace(2/ε₁) histogram; the residual prior h is its projected masses when
+   a public rule says the release is reliable, else a Laplace density fitted
+   to the noisy counts (:func:`residual_histogram`).
    Row i of B gets the prior π_i(y) ∝ h(y - m₁(x_i)) restricted to
-   [lo, hi]: the residual histogram shifted to the model's prediction.
+   [lo, hi]: the residual prior shifted to the model's prediction.
    ``stage2="rpwithprior"``: each row gets its own interval [A1_i, A2_i],
    the exact optimum of neighbourhood preservation under π_i (the Dinkelbach
    search of :mod:`rpwjax.interval_search`, vmapped over rows), ζ chosen by
@@ -55,6 +58,13 @@ histogram is then exponentially tilted, m_j ∝ h_j e^{λ c_j}, until its mean
 equals the private mean (post-processing). At small ε a denoised label is
 close to the prior mean, so the prior mean is what the model learns; a
 private mean is far more accurate than the mean of a noisy histogram.
+
+The linear prior (:func:`linear_prior_labels`, no split): an ε_s-DP linear
+model from Laplace noise on Xᵀy over public, clipped principal components
+(:func:`private_linear_fit`) centres every row's prior; then a residual prior
+(ε₁), a per-row exact RPWithPrior interval (ε₂) and denoising. Each label is
+read by the three releases: ε_s + ε₁ + ε₂ = ε (sequential composition).
+The full design and accounting: docs/beyond-the-paper.md.
 """
 
 from __future__ import annotations
