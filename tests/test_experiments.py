@@ -79,3 +79,22 @@ def test_bad_sweep_config():
         SweepConfig(seeds=0).validate()
     with pytest.raises(InputError, match="mechanism='magic'"):
         SweepConfig(mechanisms=("magic",)).validate()
+
+
+def test_variants_join_the_sweep_and_the_target_table_compares_them(crime_split):
+    from rpwjax.experiments import VARIANTS, format_target_table, target_table
+
+    config = SweepConfig(mechanisms=("rr-on-bins",), variants=tuple(VARIANTS), epsilons=(1.0,), seeds=1, epochs=2)
+    rows = run_sweep(crime_split, config, progress=False)
+    names = {r["mechanism"] for r in rows}
+    assert names == {"rr-on-bins", NON_PRIVATE, *VARIANTS}
+    for r in rows:
+        assert np.isfinite(r["test_mse"]) and np.isfinite(r["label_mse"])
+    table = target_table(summarize(rows))
+    (cell,) = table
+    assert cell["baseline"] == "rr-on-bins" and cell["variant"] in VARIANTS
+    best = min(r["test_mse"] for r in rows if r["mechanism"] in VARIANTS)
+    assert cell["variant_mse"] == best and cell["met"] == (best < cell["baseline_mse"])
+    assert "| crime | 1 |" in format_target_table(table)
+    with pytest.raises(InputError, match="variant='magic'"):
+        SweepConfig(variants=("magic",)).validate()
