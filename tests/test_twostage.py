@@ -205,3 +205,52 @@ def test_linear_prior_labels_accounting_and_per_row_privacy(rng):
     assert np.mean((labels - y) ** 2) < 0.5 * np.var(y)
     with pytest.raises(InputError, match="features"):
         twostage.linear_prior_labels(x[:5], y, LO, HI, 1.0, seed=4)
+
+
+def _table(tmp_path, rng, n=400):
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    x, y = _data(rng, n=n)
+    path = tmp_path / "in.csv"
+    pacsv.write_csv(pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "name": [f"r{i}" for i in range(n)], "y": y}), path)
+    return path, y
+
+
+@pytest.mark.parametrize("pipeline", ["linear-prior", "two-stage"])
+def test_privatize_table_replaces_only_the_label_column(pipeline, tmp_path, rng):
+    import json
+
+    import pyarrow.csv as pacsv
+
+    from rpwjax import cli
+
+    path, y = _table(tmp_path, rng)
+    out = tmp_path / "out.csv"
+    rc = cli.main(["privatize-table", str(path), "-o", str(out), "--label-column", "y", "--range", "0", "5",
+                   "--epsilon", "1", "--seed", "3", "--pipeline", pipeline, "--epochs", "2"])
+    assert rc == 0
+    before, after = pacsv.read_csv(path), pacsv.read_csv(out)
+    assert after.column_names == before.column_names and after.num_rows == before.num_rows
+    for c in ("a", "b", "c", "name"):
+        assert after[c].equals(before[c])
+    labels = after["y"].to_numpy()
+    assert np.all((labels >= LO) & (labels <= HI)) and not np.array_equal(labels, y)
+    side = json.loads((tmp_path / "out.csv.json").read_text())
+    assert side["pipeline"] == pipeline and side["feature_columns"] == ["a", "b", "c"]
+    assert side["accounting"]["per_label_epsilon"] == 1.0
+    assert "seed" not in json.dumps(side)
+
+
+def test_privatize_table_errors_write_nothing(tmp_path, rng, capsys):
+    from rpwjax import cli
+
+    path, _ = _table(tmp_path, rng, n=50)
+    out = tmp_path / "out.parquet"
+    rc = cli.main(["privatize-table", str(path), "-o", str(out), "--label-column", "y", "--range", "0", "1",
+                   "--epsilon", "1", "--seed", "3"])
+    assert rc == 2 and "public range" in capsys.readouterr().err
+    rc = cli.main(["privatize-table", str(path), "-o", str(path), "--label-column", "y", "--range", "0", "5",
+                   "--epsilon", "1", "--seed", "3"])
+    assert rc == 2 and "overwrite" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]

@@ -96,6 +96,17 @@ __all__ = [
 ]
 
 _CHUNK = 2048
+
+
+def _release(params, key, values) -> np.ndarray:
+    """The mechanism's outputs for ``values`` (float64); continuous outputs snapped to the public power-of-two
+    grid of :func:`rpwjax.privatize.output_grid`, as ``privatize`` writes them (post-processing, before any
+    denoising, so no low-order bit of a floating-point sample reaches a released label)."""
+    from .privatize import output_grid
+
+    noisy = np.asarray(params.sample(key, jnp.asarray(values, jnp.float32)), np.float64)
+    grid = output_grid(params)
+    return noisy if grid is None else np.round(noisy / grid) * grid
 STAGE1 = ("unbiased", "rpwithprior", "rr-on-bins", "laplace", "staircase")
 STAGE2 = ("rpwithprior", "unbiased")
 RESIDUAL_QUANTILE = 0.02
@@ -433,7 +444,7 @@ class TwoStageRun:
             np.array([self.lo]), np.array([self.hi]), np.array([1.0]), self.lo, self.hi, False, "none"), eps_mech, **options)
         self.stage1_params, self.stage1_epsilon = params, eps_mech
         self.global_prior = prior
-        noisy = np.asarray(params.sample(self._keys[1], jnp.asarray(y_a, jnp.float32)), np.float64)
+        noisy = _release(params, self._keys[1], y_a)
         self.stage1_outputs = noisy
         # m1 learns from the private outputs; RPWithPrior's are denoised under the global prior first
         if cfg.stage1 == "rpwithprior":
@@ -461,7 +472,7 @@ class TwoStageRun:
             self.zeta = float(choose_zeta(residual_prior, self.eps2)[0])
             priors = shifted_priors(self.residual_edges, self.residual_mass, m1[b], self.lo, self.hi, self.global_prior)
             params = per_example_intervals(priors, self.zeta, self.eps2)
-            noisy = np.asarray(params.sample(self._keys[3], jnp.asarray(y_b, jnp.float32)), np.float64)
+            noisy = _release(params, self._keys[3], y_b)
             self.stage2_params, self.stage2_outputs = params, noisy
             self.labels_b = posterior_mean_per_example(params, priors, noisy)
         else:
@@ -476,7 +487,7 @@ class TwoStageRun:
             prior = histogram_prior(edges, masses[inner] + 1e-12)
             params, _ = api._entry("unbiased")[0](prior, self.eps2)
             z = np.clip(y_b - m1[b], c_lo, c_hi)
-            noisy = np.asarray(params.sample(self._keys[3], jnp.asarray(z, jnp.float32)), np.float64)
+            noisy = _release(params, self._keys[3], z)
             self.residual_range = (c_lo, c_hi)
             self.stage2_params, self.stage2_outputs = params, noisy
             self.labels_b = m1[b] + noisy
@@ -597,7 +608,7 @@ def calibrated_denoised(labels, lo, hi, epsilon, *, seed: int, prior_fraction: f
     eps1 = prior_fraction * eps
     prior = calibrated_prior(y, lo, hi, eps1, bins=bins, key=k_prior)
     params, _ = fit_rpwithprior(prior, eps - eps1, zeta="auto")
-    noisy = np.asarray(params.sample(k_noise, jnp.asarray(y, jnp.float32)), np.float64)
+    noisy = _release(params, k_noise, y)
     record = {"pipeline": "calibrated-posterior", "epsilon": eps, "prior_epsilon": eps1,
               "mechanism": "rpwithprior", "mechanism_epsilon": eps - eps1, "bins": bins,
               "params": params.to_json()}
@@ -674,7 +685,7 @@ def linear_prior_labels(features, labels, lo, hi, epsilon, *, seed: int, stats_f
     zeta = float(choose_zeta(histogram_prior(edges, mass), eps2)[0])
     priors = shifted_priors(edges, mass, m, lo, hi)
     params = per_example_intervals(priors, zeta, eps2)
-    noisy = np.asarray(params.sample(k_noise, jnp.asarray(y, jnp.float32)), np.float64)
+    noisy = _release(params, k_noise, y)
     record = {"pipeline": "linear-prior", "epsilon": eps, "rows": int(y.size),
               "statistics_epsilon": eps_s, "residual_histogram_epsilon": eps1, "mechanism": "rpwithprior",
               "mechanism_epsilon": eps2, "components": int(design.shape[1] - 1), "l1_bound": bound, "zeta": zeta,
