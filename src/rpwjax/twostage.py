@@ -182,16 +182,22 @@ def project_counts(noisy, total: float) -> np.ndarray:
     return np.maximum(v - tau, 0.0)
 
 
-def noisy_histogram(values, edges, epsilon, key) -> np.ndarray:
-    """ε-DP histogram masses over public ``edges``: Laplace(2/ε) counts, projected onto the public total."""
+def noisy_counts(values, edges, epsilon, key) -> np.ndarray:
+    """The ε-DP release: counts over public ``edges`` (values clipped to them) plus Laplace(2/ε) noise
+    (replace-one neighbours change two counts by one: L1 sensitivity 2)."""
     eps = float(check_epsilon(epsilon))
     edges = np.asarray(edges, np.float64)
     v = np.clip(np.asarray(values, np.float64), edges[0], edges[-1])
     counts, _ = np.histogram(v, bins=edges)  # the only thing read from the labels
     with jax.enable_x64(True):
         noise = np.asarray(jax.random.laplace(key, (counts.size,), jnp.float64)) * (2.0 / eps)
-    c = project_counts(counts + noise, v.size)
-    return c / c.sum() if c.sum() > 0 else np.full(counts.size, 1.0 / counts.size)
+    return counts + noise
+
+
+def noisy_histogram(values, edges, epsilon, key) -> np.ndarray:
+    """ε-DP histogram masses over public ``edges``: :func:`noisy_counts` projected onto the public total."""
+    c = project_counts(noisy_counts(values, edges, epsilon, key), np.size(values))
+    return c / c.sum() if c.sum() > 0 else np.full(c.size, 1.0 / c.size)
 
 
 def private_histogram_projected(labels, lo, hi, epsilon, *, bins: int, key) -> Prior:
@@ -242,14 +248,10 @@ def residual_histogram(residuals, width, epsilon, *, bins: int, key, resolution:
     fine = np.linspace(-width, width, int(bins) * resolution + 1)
     bins = release_bins(r.size, eps, int(bins))
     edges = np.linspace(-width, width, bins + 1)
-    v = np.clip(r, -width, width)
-    counts, _ = np.histogram(v, bins=edges)  # the only thing read from the labels
-    with jax.enable_x64(True):
-        noise = np.asarray(jax.random.laplace(key, (counts.size,), jnp.float64)) * (2.0 / eps)
-    noisy = counts + noise
+    noisy = noisy_counts(r, edges, eps, key)
     if histogram_is_reliable(r.size, eps, bins) and fine.size - 1 == bins * resolution:
         c = project_counts(noisy, r.size)
-        mass = c / c.sum() if c.sum() > 0 else np.full(counts.size, 1.0 / counts.size)
+        mass = c / c.sum() if c.sum() > 0 else np.full(c.size, 1.0 / c.size)
         return fine, np.repeat(mass / resolution, resolution)
     locations = width * np.linspace(-0.5, 0.5, 81)
     scales = width * np.geomspace(0.003, 1.0, 60)
