@@ -97,20 +97,10 @@ def _variant_jobs(split: Split, config: SweepConfig, name: str, eps: np.ndarray,
         else:
             cfg = twostage.TwoStageConfig(bins=config.bins, **settings)
             runs = [twostage.TwoStageRun(y, split.lo, split.hi, e, 30_000 + seed, cfg) for e in eps]
-
-            def train_predict(rows, targets, offset):
-                return twostage.stage_model_predictions(
-                    split.x_train, rows, np.stack(targets), np.full(len(targets), 40_000 + 10 * seed + offset),
-                    epochs=config.epochs, holdout=cfg.holdout, split_seed=50_000 + 10 * seed + offset)
-
-            # every run of this seed shares the A/B split, so their models train together
-            for run, pred in zip(runs, train_predict(runs[0].stage1_rows, [r.stage1_targets for r in runs], 1)):
-                run.stage2(pred)
-            if runs[0].needs_cross:
-                preds = train_predict(runs[0].cross_rows, [r.cross_targets for r in runs], 2)
-            else:
-                preds = [None] * len(runs)
-            labels = [run.finish(pred).labels for run, pred in zip(runs, preds)]
+            # every run of this seed shares the A/B split, so their stage models train together
+            runs = twostage.train_runs(runs, split.x_train, epochs=config.epochs, model_seed=40_000 + 10 * seed,
+                                       split_seed=50_000 + 10 * seed)
+            labels = [run.labels for run in runs]
         seconds = (time.perf_counter() - start) / eps.size
         for e, lab in zip(eps, labels):
             jobs.append((name, float(e), seed, np.asarray(lab, np.float32), float(np.mean((lab - y) ** 2)), seconds, 0.0))

@@ -92,6 +92,7 @@ __all__ = [
     "residual_histogram",
     "shifted_priors",
     "stage_model_predictions",
+    "train_runs",
     "two_stage_labels",
 ]
 
@@ -567,25 +568,41 @@ def stage_model_predictions(features, rows, targets, seeds, *, epochs: int = 50,
     return predict_many(params, x)
 
 
+def train_runs(runs: list[TwoStageRun], features, *, epochs: int = 50, model_seed: int = 0,
+               split_seed: int = 0) -> list[TwoStageRun]:
+    """Drive runs that share one A/B split through both stages, their stage models trained together.
+
+    Stage-1 models get seeds ``model_seed + 1`` and hold-out split ``split_seed + 1``; the cross-fitted
+    models ``+ 2``. Returns the finished runs (``.labels``, ``.record``).
+    """
+    x = np.asarray(features, np.float32)
+    first = runs[0]
+    if any(not np.array_equal(r.part_a, first.part_a) for r in runs[1:]):
+        raise InputError("runs trained together must share their A/B split (the same seed)")
+    if x.ndim != 2 or x.shape[0] != first.part_a.size + first.part_b.size:
+        raise InputError(f"features must be (n, d) with one row per label, got shape {x.shape}")
+    holdout = first.config.holdout
+
+    def predict(rows, targets, offset):
+        return stage_model_predictions(x, rows, np.stack(targets), np.full(len(targets), model_seed + offset),
+                                       epochs=epochs, holdout=holdout, split_seed=split_seed + offset)
+
+    for run, pred in zip(runs, predict(first.stage1_rows, [r.stage1_targets for r in runs], 1)):
+        run.stage2(pred)
+    preds = predict(first.cross_rows, [r.cross_targets for r in runs], 2) if first.needs_cross else [None] * len(runs)
+    for run, pred in zip(runs, preds):
+        run.finish(pred)
+    return runs
+
+
 def two_stage_labels(features, labels, lo, hi, epsilon, *, seed: int, config: TwoStageConfig = TwoStageConfig(),
                      epochs: int = 50) -> TwoStageRun:
     """Run the whole pipeline for one ε; ``.labels`` are the private training labels, ``.record`` the accounting.
 
     ``seed`` drives the split, the noise and the stage models; keep it secret for a real release.
     """
-    x = np.asarray(features, np.float32)
     run = TwoStageRun(labels, lo, hi, epsilon, seed, config)
-    if x.ndim != 2 or x.shape[0] != run.part_a.size + run.part_b.size:
-        raise InputError(f"features must be (n, d) with one row per label, got shape {x.shape}")
-    h = config.holdout
-    run.stage2(stage_model_predictions(x, run.stage1_rows, run.stage1_targets, [seed], epochs=epochs, holdout=h,
-                                       split_seed=seed)[0])
-    if run.needs_cross:
-        run.finish(stage_model_predictions(x, run.cross_rows, run.cross_targets, [seed + 1], epochs=epochs, holdout=h,
-                                           split_seed=seed + 1)[0])
-    else:
-        run.finish()
-    return run
+    return train_runs([run], features, epochs=epochs, model_seed=seed, split_seed=seed)[0]
 
 
 # --------------------------------------------------------------------------- denoising under the calibrated prior
