@@ -10,7 +10,9 @@ from .api import FitResult, fit, load_params, mechanism_names
 from .base import Mechanism, label_mse_grid, sample_batches, sample_grid
 from .errors import InputError
 from .priors import Prior, empirical_prior, histogram_prior, private_histogram
-from .privatize import privatize_array, privatize_file
+from .keys import Secret
+from .privatize import privatize_file
+from .release import release, release_grid
 from .additive import Gaussian, Laplace, Staircase, fit_gaussian, fit_laplace, fit_staircase
 from .rpwithprior import RPWithPrior, choose_zeta, fit_rpwithprior
 from .rr_on_bins import RROnBins, fit_rr_on_bins
@@ -32,6 +34,7 @@ __all__ = [
     "Mechanism",
     "Prior",
     "RPWithPrior",
+    "Secret",
     "choose_zeta",
     "empirical_prior",
     "fit",
@@ -41,7 +44,8 @@ __all__ = [
     "load_params",
     "mechanism_names",
     "private_histogram",
-    "privatize_array",
+    "release",
+    "release_grid",
     "privatize_file",
     "sample_batches",
     "sample_grid",

@@ -24,14 +24,16 @@ Bias and MSE are relative to the TRUE label: ``bias(y) = clip(y) - y`` (the
 noise is symmetric) and ``mse(y) = bias(y)² + Var[X]``; both are constant
 inside ``[lo, hi]``, so ``breakpoints() = (lo, hi)`` makes ``label_mse`` exact.
 
-What the samplers do not resist: they transform floating-point uniforms
-(inverse CDFs, logarithms), so like every textbook float sampler they are open
-to floating-point attacks (Mironov, CCS 2012): the set of reachable outputs
-depends on the label, and tails beyond the resolution of the uniform are cut
-(in float32 the Laplace and staircase tails end near 16·Δ/ε beyond the label,
-in float64 near 37·Δ/ε). The guarantee proven here is for the ideal real-valued
-mechanism whose exact density :meth:`log_density` returns; sample with float64
-labels (``jax.enable_x64``) to push the truncation far out.
+Sampling: every sampler is an inverse CDF of ONE uniform per label
+(:meth:`sample_from_uniform`), non-decreasing in the uniform. Released labels
+never come from it directly: :func:`rpwjax.release.release` draws the
+uniform from 52 random bits, snaps the output to a public power-of-two grid
+and clamps it to a public range ``[lo - T, hi + T]`` (:meth:`release_spec`),
+so that the realized probability of every released value is known exactly
+and its ratio between labels is audited (:mod:`rpwjax.audit`). The textbook
+float samplers' weaknesses (Mironov, CCS 2012: label-dependent sets of
+reachable floats, tails cut at the uniform's resolution) are what the grid
+and the clamp remove.
 """
 
 from __future__ import annotations
@@ -110,6 +112,52 @@ class _Additive(Mechanism):
     def breakpoints(self):
         return (self.lo, self.hi)
 
+    def _tail_distance(self, threshold: float) -> float:
+        """The largest d >= 0 with noise log density at d >= ``threshold`` (-inf if none); density non-increasing in |x|."""
+        with jax.enable_x64(True):
+            f = lambda d: float(self.noise_log_density(jnp.float64(d)))  # noqa: E731
+            if f(0.0) < threshold:
+                return -np.inf
+            step = float(np.sqrt(self.noise_variance())) + (self.hi - self.lo)
+            low, high = 0.0, step
+            while f(high) >= threshold:
+                low, high = high, 2 * high
+            for _ in range(80):
+                mid = 0.5 * (low + high)
+                if f(mid) >= threshold:
+                    low = mid
+                else:
+                    high = mid
+        return low
+
+    def release_spec(self) -> dict:
+        r"""Grid h and clamp range [a, b] ⊇ [lo - T, hi + T] rounded inwards to the grid, from public parameters.
+
+        h starts at the largest power of two <= std(X)/16 (its rounding adds at
+        most h²/12 <= Var[X]/3072 to the label MSE). T is the largest margin at
+        which every full output cell still holds ``MIN_CELL_COUNT`` of the 2^52
+        uniforms at every label: with D = Δ + T the farthest distance between a
+        label and an unclamped output, N·h·f(D) >= ``MIN_CELL_COUNT``, f the noise
+        density. h is doubled while T < 0 or the range has more than
+        ``MAX_CELLS`` cells.
+        """
+        from .release import MAX_CELLS, MIN_CELL_COUNT, UNIFORM_COUNT, pow2_at_least
+
+        width = self.hi - self.lo
+        std = float(np.sqrt(np.asarray(self.noise_variance(), np.float64)))
+        h = pow2_at_least(std / 16)
+        if h > std / 16:
+            h /= 2
+        for _ in range(200):
+            distance = self._tail_distance(float(np.log(MIN_CELL_COUNT / (UNIFORM_COUNT * h))))
+            margin = distance - width
+            if margin >= 0 and (width + 2 * margin) / h <= MAX_CELLS:
+                break
+            h *= 2
+        else:  # pragma: no cover - h doubles until one cell holds everything
+            raise InputError(f"{self.name}: no release grid found at epsilon={float(self.epsilon)!r}")
+        return {"grid": h, "low": np.ceil((self.lo - margin) / h) * h, "high": np.floor((self.hi + margin) / h) * h}
+
 
 # --------------------------------------------------------------------------- Laplace
 
@@ -141,13 +189,12 @@ class Laplace(_Additive):
     def noise_variance(self):
         return 2 * jnp.asarray(self.scale) ** 2
 
-    def sample(self, key, y):
-        """Inverse CDF from one uniform u in [-1, 1): X = -s·sign(u)·log(1 - |u|)."""
+    def sample_from_uniform(self, u, y):
+        """Inverse CDF at u in (0, 1): X = s·log(2u) below 1/2, -s·log(2(1 - u)) above (monotone in u)."""
         y = _as_float(y)
-        u = jax.random.uniform(key, y.shape, y.dtype, minval=-1.0, maxval=1.0)
-        # u = -1 is drawable and would give log(0); the largest float below 1 caps the tail instead
-        magnitude = jnp.minimum(jnp.abs(u), 1 - jnp.finfo(y.dtype).epsneg)
-        x = -jnp.asarray(self.scale, y.dtype) * jnp.sign(u) * jnp.log1p(-magnitude)
+        u = jnp.asarray(u, y.dtype)
+        s = jnp.asarray(self.scale, y.dtype)
+        x = jnp.where(u < 0.5, s * jnp.log(2 * u), -s * jnp.log(2 * (1 - u)))
         return self.clipped(y) + x
 
     @classmethod
@@ -278,9 +325,11 @@ class Gaussian(_Additive):
     def noise_variance(self):
         return jnp.asarray(self.sigma) ** 2
 
-    def sample(self, key, y):
+    def sample_from_uniform(self, u, y):
+        """Inverse CDF at u in (0, 1): X = σ·Φ⁻¹(u) (``ndtri``; monotone in u)."""
         y = _as_float(y)
-        return self.clipped(y) + jnp.asarray(self.sigma, y.dtype) * jax.random.normal(key, y.shape, y.dtype)
+        u = jnp.asarray(u, y.dtype)
+        return self.clipped(y) + jnp.asarray(self.sigma, y.dtype) * jax.scipy.special.ndtri(u)
 
     @classmethod
     def from_json(cls, fields: dict):
@@ -440,28 +489,27 @@ class Staircase(_Additive):
     def noise_variance(self):
         return staircase_noise_mse(self.epsilon, self.gamma, self.hi - self.lo)
 
-    def sample(self, key, y):
-        r"""Geng & Viswanath's construction, one array per variable:
+    def sample_from_uniform(self, u, y):
+        r"""Inverse CDF at u in (0, 1) (monotone in u): the sign from u < 1/2, then |X| from its survival w.
 
-        sign S = ±1 w.p. 1/2; G ~ Geometric, P(G = k) = (1-b)b^k, as
-        ⌊log(U')/log b⌋; B with P(B = 0) = γ/(γ + (1-γ)b); U uniform;
-        :math:`X = S\Delta\,(G + (1-B)\gamma U + B(\gamma + (1-\gamma)U))`.
-        Then P(G = k, B = 0)/(2γΔ) = a b^k and P(G = k, B = 1)/(2(1-γ)Δ) = a b^{k+1}.
+        w = 2u (negative side) or 2(1 - u) (positive side) is P(|X| >= |x|).
+        Since P(|X| >= kΔ) = b^k, the step is k = ⌊-log(w)/ε⌋, and inside it
+        the survival is :math:`b^k (1 - (1-b) C(z))` with
+        :math:`C(z) = (\min(z, γ) + b \max(z - γ, 0)) / (γ + (1-γ) b)` the share
+        of the step's mass below kΔ + zΔ; solving for z gives |X| = Δ(k + z).
         """
         y = _as_float(y)
+        u = jnp.asarray(u, y.dtype)
         eps, gamma, width = self._cast(y.dtype)
-        key_sign, key_geom, key_upper, key_pos = jax.random.split(key, 4)
-        u_sign = jax.random.uniform(key_sign, y.shape, y.dtype)
-        u_geom = jax.random.uniform(key_geom, y.shape, y.dtype)
-        u_upper = jax.random.uniform(key_upper, y.shape, y.dtype)
-        u_pos = jax.random.uniform(key_pos, y.shape, y.dtype)
-        sign = jnp.where(u_sign < 0.5, -1.0, 1.0).astype(y.dtype)
-        # log b = -ε exactly (b itself underflows for large ε); 1 - u lies in (0, 1]
-        geometric = jnp.floor(jnp.log1p(-u_geom) / -eps)
+        w = jnp.where(u < 0.5, 2 * u, 2 * (1 - u))
+        k = jnp.floor(-jnp.log(w) / eps)
         b = jnp.exp(-eps)
-        upper = u_upper >= gamma / (gamma + (1 - gamma) * b)
-        offset = jnp.where(upper, gamma + (1 - gamma) * u_pos, gamma * u_pos)
-        return self.clipped(y) + sign * width * (geometric + offset)
+        r = w * jnp.exp(eps * k)  # in (b, 1] up to rounding
+        c = jnp.clip((1 - r) / -jnp.expm1(-eps), 0.0, 1.0)
+        m = c * (gamma + (1 - gamma) * b)
+        z = jnp.where(m <= gamma, m, gamma + (m - gamma) / b)
+        magnitude = width * (k + jnp.minimum(z, 1.0))
+        return self.clipped(y) + jnp.where(u < 0.5, -magnitude, magnitude)
 
     @classmethod
     def from_json(cls, fields: dict):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import secrets
 from typing import Any
 
 import jax
@@ -19,6 +18,7 @@ import numpy as np
 
 from .base import Mechanism, label_mse_grid
 from .errors import InputError, check_choice, check_epsilon, check_range  # noqa: F401 (InputError re-exported)
+from .keys import Secret
 from .priors import Prior, empirical_prior, private_histogram
 
 # name -> (module, fit function, params class, uses the prior)
@@ -136,9 +136,10 @@ def fit(
     *,
     range,
     epsilon,
-    prior: str | Prior = "empirical",
+    prior: str | Prior = "private",
     prior_epsilon=None,
     bins: int = DEFAULT_BINS,
+    secret: Secret | None = None,
     seed: int | None = None,
     clip: bool = False,
     spend_prior: bool = False,
@@ -151,14 +152,18 @@ def fit(
       labels: the training labels (1-d); not needed with a :class:`Prior` object.
       range: the PUBLIC label range ``(lo, hi)``.
       epsilon: total ε per fit.
-      prior: ``"empirical"`` (known prior: the labels' empirical distribution;
-        the mechanism gets all of ε), ``"private"`` (``Hist_ε``: ε₁ for a
-        Laplace histogram with ``bins`` bins, ε₂ = ε - ε₁ for the mechanism),
-        or a :class:`Prior` the caller vouches for (e.g. public knowledge).
-        Mechanisms that do not use a prior ignore it and get all of ε.
+      prior: ``"private"`` (default; ``Hist_ε``: ε₁ for a noisy histogram with
+        ``bins`` bins, ε₂ = ε - ε₁ for the mechanism), ``"empirical"`` (the
+        known-prior setting: the labels' empirical distribution, the mechanism
+        gets all of ε; the guarantee then holds only if that prior is public,
+        and the parameters are functions of the labels), or a :class:`Prior`
+        the caller vouches for (e.g. public knowledge). Mechanisms that do not
+        use a prior ignore it and get all of ε.
       prior_epsilon: ε₁ (must be < every ε); default ``0.1·ε`` per ε.
-      seed: seed of the histogram noise; default: fresh OS randomness (a known
-        seed lets anyone subtract the noise).
+      secret: the :class:`~rpwjax.keys.Secret` the histogram noise is drawn
+        from; default: fresh OS entropy.
+      seed: EXPERIMENTS ONLY, instead of ``secret``: an integer expanded into a
+        secret (anyone can try every small seed and subtract the noise).
       clip: clip labels outside the range instead of refusing them.
       spend_prior: also build the prior for a mechanism that does not use one
         (Laplace, Gaussian, Staircase), e.g. to denoise its outputs under it;
@@ -197,10 +202,12 @@ def fit(
                         f"for epsilon={float(grid[too_big][0])!r}"
                     )
                 eps1 = np.full_like(grid, e1)
-            if seed is None:
-                seed = secrets.randbits(63)
-            key = jax.random.key(seed)
-            prior_obj = private_histogram(labels, lo, hi, eps1 if eps.ndim else eps1[0], bins=bins, key=key, clip=clip)
+            if secret is not None and seed is not None:
+                raise InputError("give either secret or seed, not both")
+            if secret is None:
+                secret = Secret.from_seed(seed) if seed is not None else Secret.from_entropy()
+            prior_obj = private_histogram(labels, lo, hi, eps1 if eps.ndim else eps1[0], bins=bins, secret=secret,
+                                          clip=clip)
             kind = "private-histogram"
     if prior_obj is None:
         # prior-free mechanism with a private-prior request: nothing is read from the labels

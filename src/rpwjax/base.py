@@ -7,7 +7,13 @@ functions of those leaves, so ``jax.vmap`` maps them over an ε grid.
 
 Contract of a params class (one per mechanism, ``name`` = the CLI name):
 
-* ``sample(key, y)``           noisy labels, same shape and float dtype as ``y``
+* ``sample_from_uniform(u, y)`` the inverse-CDF sampler: noisy labels from ONE
+                               uniform per label, non-decreasing in ``u`` (what the
+                               release path and the as-implemented audit rely on)
+* ``sample(key, y)``           noisy labels, same shape and float dtype as ``y`` (a
+                               sampling kernel for tests and benchmarks, NOT a release:
+                               releases go through :func:`rpwjax.release.release`)
+* ``release_spec()``           the public output grid and clamp range of a release
 * ``log_density(y_tilde, y)``  exact log density (log pmf for discrete outputs),
                                ``-inf`` off the support
 * ``bias(y)``, ``variance(y)``, ``mse(y)``  analytic, per true label ``y``
@@ -25,6 +31,18 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+def midpoint_uniform(key, shape, dtype):
+    """Uniforms ``(k + 1/2)·2^-p`` on (0, 1), p = 52 (float64) or 23 (float32): never 0 or 1, symmetric."""
+    dtype = jnp.dtype(dtype)
+    if dtype == jnp.float64:
+        bits, p = jax.random.bits(key, shape, jnp.uint64), 52
+        k = bits >> jnp.uint64(64 - p)
+    else:
+        bits, p = jax.random.bits(key, shape, jnp.uint32), min(jnp.finfo(dtype).nmant, 23)
+        k = bits >> jnp.uint32(32 - p)
+    return ((k.astype(dtype) + dtype.type(0.5)) * dtype.type(2.0**-p)).astype(dtype)
 
 
 class Mechanism:
@@ -49,8 +67,26 @@ class Mechanism:
             )
 
     # -- to be provided by subclasses -------------------------------------------
-    def sample(self, key, y):  # pragma: no cover - interface
+    def sample_from_uniform(self, u, y):  # pragma: no cover - interface
         raise NotImplementedError
+
+    def sample(self, key, y):
+        """Noisy labels for ``y`` (one midpoint uniform per label). A kernel, not a release: it neither
+        snaps nor clamps and takes any key; released labels come from :func:`rpwjax.release.release`."""
+        y = jnp.asarray(y)
+        if not jnp.issubdtype(y.dtype, jnp.floating):
+            y = y.astype(jnp.float32)
+        return self.sample_from_uniform(midpoint_uniform(key, y.shape, y.dtype), y)
+
+    def release_spec(self) -> dict:
+        """Public grid (None for discrete outputs) and clamp range ``low``/``high`` of a release.
+
+        Discrete mechanisms release their own output values: no grid, and the
+        range of those values. Continuous mechanisms override this."""
+        if not self.discrete:  # pragma: no cover - interface
+            raise NotImplementedError
+        outputs = np.asarray(self.outputs, np.float64)
+        return {"grid": None, "low": outputs.min(axis=-1), "high": outputs.max(axis=-1)}
 
     def log_density(self, y_tilde, y):  # pragma: no cover - interface
         raise NotImplementedError

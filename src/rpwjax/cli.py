@@ -30,8 +30,9 @@ def _add_fit_options(p: argparse.ArgumentParser, *, many_epsilons: bool, require
     p.add_argument("--zeta", default="auto", help="RPWithPrior window half-width (label units) or 'auto' (default)")
     p.add_argument("--objective", choices=["neighborhood", "inside"], default="neighborhood",
                    help="RPWithPrior interval objective (default neighborhood)")
-    p.add_argument("--prior", choices=["empirical", "private"], default="empirical",
-                   help="empirical: known prior (all of epsilon to the mechanism); private: Hist_eps (default empirical)")
+    p.add_argument("--prior", choices=["private", "empirical"], default="private",
+                   help="private (default): Hist_eps, epsilon_1 for a noisy histogram; empirical: the known-prior "
+                        "setting (all of epsilon to the mechanism, private only if that prior is public)")
     p.add_argument("--prior-epsilon", type=float, default=None,
                    help="epsilon_1 spent on the private histogram (default 0.1*epsilon)")
     p.add_argument("--bins", type=int, default=DEFAULT_BINS, help=f"bins of the private histogram (default {DEFAULT_BINS})")
@@ -63,7 +64,22 @@ def _float(text, name):
         raise InputError(f"{name} must be a number or 'auto', got {name}={text!r}") from None
 
 
-def _fit(args, labels, epsilon, seed):
+def _add_secret_options(p: argparse.ArgumentParser, what: str):
+    p.add_argument("--key-file", default=None,
+                   help=f"256-bit secret from `rpwjax keygen` for the {what} (default: fresh OS entropy); "
+                        "the same key file and row offsets reproduce the output bit for bit")
+    p.add_argument("--seed", type=int, default=None,
+                   help="EXPERIMENTS ONLY: an integer seed instead of a secret (guessable; the sidecar says "
+                        "\"reproducible_seed\": true, not for production)")
+
+
+def _secret(args):
+    from .keys import resolve_secret
+
+    return resolve_secret(args.key_file, args.seed)
+
+
+def _fit(args, labels, epsilon, secret):
     from .api import fit
 
     return fit(
@@ -74,7 +90,7 @@ def _fit(args, labels, epsilon, seed):
         prior=args.prior,
         prior_epsilon=args.prior_epsilon,
         bins=args.bins,
-        seed=seed,
+        secret=secret,
         clip=args.clip,
         spend_prior=getattr(args, "denoise", "none") == "posterior",
         **_mechanism_options(args),
@@ -87,15 +103,25 @@ def cmd_fit(args) -> int:
 
     if args.range is None:
         raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
+    _check_prior_epsilon(args)
     labels = io.read_labels(args.labels, args.label_column)
-    result = _fit(args, labels, args.epsilon if len(args.epsilon) > 1 else args.epsilon[0], args.seed)
+    secret = _secret(args)
+    result = _fit(args, labels, args.epsilon if len(args.epsilon) > 1 else args.epsilon[0], secret.child("fit"))
     records = result.records()
+    for r in records:
+        r.update(_seed_fields(secret))
+    if len(records) > 1:
+        total = _prior_total(records)
+        for r in records:
+            r["all_records"] = total
     if args.save:
         if len(records) != 1:
             raise InputError(f"--save writes exactly one fit: give one --epsilon, got {len(records)}")
         io.write_json(args.save, records[0])
     if args.json:
         print(json.dumps(records, indent=2))
+        if len(records) > 1:
+            print(f"rpwjax fit: {records[0]['all_records']['note']}", file=sys.stderr)
     else:
         for r in records:
             p = r["params"]
@@ -106,6 +132,39 @@ def cmd_fit(args) -> int:
                 f"{r['mechanism']} epsilon={r['epsilon']:g} (prior {r['epsilon_prior']:g} + mechanism "
                 f"{r['epsilon_mechanism']:g}, delta={r['delta']:g}) label_mse={r['label_mse']:.6g}{extra}"
             )
+        if len(records) > 1:
+            print(records[0]["all_records"]["note"])
+    return 0
+
+
+def _check_prior_epsilon(args):
+    from .errors import InputError
+
+    if args.prior == "empirical" and args.prior_epsilon is not None:
+        raise InputError(f"--prior-epsilon {args.prior_epsilon:g} does nothing under --prior empirical (nothing is "
+                         "spent on a known prior): drop it or use --prior private")
+
+
+def _seed_fields(secret) -> dict:
+    return {"reproducible_seed": True, "seed_note": "integer seed: not for production"} if secret.reproducible else {}
+
+
+def _prior_total(records) -> dict:
+    """What publishing every record of a multi-epsilon fit together costs (basic composition)."""
+    spent = sum(r["epsilon_prior"] for r in records)
+    empirical = any(r["prior"]["kind"] == "empirical" for r in records)
+    note = (f"publishing all {len(records)} records together spends epsilon {spent:g} on their independent "
+            f"private histograms (the sum of their epsilon_prior); each record's epsilon holds for one record alone")
+    if empirical:
+        note += "; the empirical-prior records are functions of the raw labels (private only if that prior is public)"
+    return {"records": len(records), "epsilon_prior_total": spent, "empirical_prior": empirical, "note": note}
+
+
+def cmd_keygen(args) -> int:
+    from .keys import write_key_file
+
+    path = write_key_file(args.output)
+    print(f"wrote a 256-bit secret to {path} (keep it secret: with it anyone can undo the noise)")
     return 0
 
 
@@ -117,13 +176,18 @@ def cmd_privatize(args) -> int:
     from .errors import InputError
     from .privatize import privatize_file
 
-    key = jax.random.key(args.seed)
+    secret = _secret(args)
     prior = None
     if args.params:
         if args.mechanism is not None or args.epsilon is not None:
             raise InputError("give either --params or fit options (--mechanism/--epsilon), not both")
         params, record = load_params(io.read_json(args.params))
         prior = prior_from_record(record)
+        if record.get("prior", {}).get("kind") == "empirical" and not args.prior_is_public:
+            raise InputError(
+                f"params file {args.params!r} was fitted on an empirical prior: its parameters are functions of the "
+                "raw labels, so the release is private only if that prior is public. Say so with --prior-is-public, "
+                "or refit with --prior private")
         if args.range is not None and (float(args.range[0]), float(args.range[1])) != (params.lo, params.hi):
             raise InputError(f"--range {args.range} differs from the params file's range [{params.lo}, {params.hi}]")
     else:
@@ -131,9 +195,14 @@ def cmd_privatize(args) -> int:
             raise InputError("privatize needs --params PARAMS.json, or --mechanism and --epsilon to fit")
         if args.range is None:
             raise InputError("--range LO HI is required to fit: the label range is public input")
+        _check_prior_epsilon(args)
+        if args.prior == "empirical" and not args.prior_is_public:
+            raise InputError(
+                "--prior empirical makes the parameters functions of the raw labels: the release is private only if "
+                "that prior is public. Say so with --prior-is-public, or use --prior private (the default)")
         labels = io.read_labels(args.input, args.label_column)
-        # the histogram noise (if any) and the sampling draw from independent streams of the secret seed
-        result = _fit(args, labels, args.epsilon, seed=int(jax.random.randint(jax.random.fold_in(key, 1), (), 0, 2**31 - 1)))
+        # the histogram noise (if any) and the release draw from independent keys derived from the secret
+        result = _fit(args, labels, args.epsilon, secret.child("fit"))
         params, record = result.params, result.records()[0]
         prior = result.prior_for(0)
     postprocess = None
@@ -153,7 +222,7 @@ def cmd_privatize(args) -> int:
         args.output,
         label_column=args.label_column,
         params=params,
-        key=jax.random.fold_in(key, 0),
+        secret=secret.child("release"),
         record=record,
         chunk_rows=args.chunk_rows,
         clip=args.clip,
@@ -223,6 +292,7 @@ def cmd_privatize_table(args) -> int:
 
     from . import io, twostage
     from .datasets import _read_table, load_table
+    from .keys import secret_record
     from .errors import InputError, check_epsilon
     from .experiments import VARIANTS
 
@@ -240,13 +310,14 @@ def cmd_privatize_table(args) -> int:
     scale = x.std(axis=0)
     x = ((x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)).astype(np.float32)  # features are public
     y, lo, hi = data.labels, data.lo, data.hi
+    secret = _secret(args)
     if args.pipeline == "linear-prior":
-        labels, record = twostage.linear_prior_labels(x, y, lo, hi, eps, seed=args.seed, **VARIANTS["linear-prior"])
+        labels, record = twostage.linear_prior_labels(x, y, lo, hi, eps, secret=secret, **VARIANTS["linear-prior"])
     elif args.pipeline == "calibrated":
-        labels, record = twostage.calibrated_denoised(y, lo, hi, eps, seed=args.seed)
+        labels, record = twostage.calibrated_denoised(y, lo, hi, eps, secret=secret)
     else:
         config = twostage.TwoStageConfig(**VARIANTS[args.pipeline])
-        run = twostage.two_stage_labels(x, y, lo, hi, eps, seed=args.seed, config=config, epochs=args.epochs)
+        run = twostage.two_stage_labels(x, y, lo, hi, eps, secret=secret, config=config, epochs=args.epochs)
         labels, record = run.labels, run.record
     if labels.shape != y.shape or not np.all(np.isfinite(labels)):
         raise RuntimeError("the pipeline produced labels of the wrong shape or non-finite labels")
@@ -258,6 +329,7 @@ def cmd_privatize_table(args) -> int:
         "feature_columns": list(data.feature_names), "label_column": args.label_column,
         "postprocessing": "posterior-mean" if args.pipeline != "two-stage-unbiased" else "none",
         "accounting": record,
+        **secret_record(secret),
     }
     json.dumps(sidecar, allow_nan=False)  # fail before writing anything
     out = Path(args.output)
@@ -294,16 +366,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-column", default=None, help="label column (CSV/Parquet)")
     p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range")
     _add_fit_options(p, many_epsilons=True, required=True)
-    p.add_argument("--seed", type=int, default=None, help="seed of the private histogram noise (default: OS randomness)")
+    _add_secret_options(p, "private histogram's noise")
     p.add_argument("--save", default=None, help="write the fit (exactly one epsilon) to this JSON file")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per epsilon")
     p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("keygen", help="write a fresh 256-bit secret (64 hex characters) for --key-file")
+    p.add_argument("-o", "--output", required=True, help="the key file to create (refuses to overwrite; mode 0600)")
+    p.set_defaults(func=cmd_keygen)
 
     p = sub.add_parser("privatize", help="replace a file's label column by private labels")
     p.add_argument("input", help="input .csv or .parquet")
     p.add_argument("-o", "--output", required=True, help="output .csv or .parquet (OUTPUT.json gets the parameters)")
     p.add_argument("--label-column", required=True)
-    p.add_argument("--seed", type=int, required=True, help="SECRET seed: anyone who knows it can undo the noise")
+    _add_secret_options(p, "release (and the histogram when fitting inline)")
+    p.add_argument("--prior-is-public", action="store_true",
+                   help="with --prior empirical (or a params file fitted on one): the user vouches that the labels' "
+                        "empirical distribution is public; without it such a release is refused")
     p.add_argument("--params", default=None, help="a params JSON from `rpwjax fit --save` (no refit)")
     p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range")
     p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="rows per chunk (output does not depend on it)")
@@ -322,7 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-column", required=True)
     p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range (required)")
     p.add_argument("--epsilon", type=float, required=True, help="total epsilon per label")
-    p.add_argument("--seed", type=int, required=True, help="SECRET seed: anyone who knows it can undo the noise")
+    _add_secret_options(p, "pipeline (split, statistics, histograms and release)")
     p.add_argument("--pipeline", choices=PIPELINES, default="linear-prior")
     p.add_argument("--epochs", type=int, default=50, help="epochs of the two-stage pipelines' stage models")
     p.add_argument("--clip", action="store_true", help="clip labels outside --range instead of refusing them")

@@ -15,25 +15,27 @@ import numpy as np
 
 from .base import Mechanism
 from .errors import InputError, check_labels
+from .keys import Secret
 
 
-def privatize_dataframe(frame, *, label_column: str, params: Mechanism, seed: int, clip: bool = False):
+def privatize_dataframe(frame, *, label_column: str, params: Mechanism, secret: Secret, clip: bool = False):
     """A new Dask DataFrame whose ``label_column`` holds private labels (float64); other columns untouched.
 
     Partition lengths are computed first (one pass) to give every partition
     its global row offset; the privatization itself is lazy like any
-    ``map_partitions``.
+    ``map_partitions``. Labels go through :func:`rpwjax.release.release` with
+    ``secret`` (e.g. ``Secret.from_file(KEYFILE)``): the secret travels to the
+    workers inside the task graph, in memory only.
     """
-    import jax
-
+    if not isinstance(secret, Secret):
+        raise InputError(f"secret must be an rpwjax.keys.Secret (Secret.from_file(KEYFILE)), got {type(secret).__name__}")
     if label_column not in frame.columns:
         raise InputError(f"label column {label_column!r} not found; columns are {list(frame.columns)}")
     lengths = frame.map_partitions(len).compute()
     offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))[:-1]])
-    key_data = np.asarray(jax.random.key_data(jax.random.fold_in(jax.random.key(seed), 0)))
 
     def one(part, partition_info=None):
-        from .privatize import privatize_array
+        from .release import release
 
         if partition_info is None:  # dask's metadata pass on an empty frame
             out = part.copy()
@@ -42,9 +44,8 @@ def privatize_dataframe(frame, *, label_column: str, params: Mechanism, seed: in
         start = int(offsets[partition_info["number"]])
         y = check_labels(part[label_column].to_numpy(dtype=np.float64), params.lo, params.hi, clip=clip,
                          name="labels") if len(part) else np.zeros(0)
-        key = jax.random.wrap_key_data(key_data)
         out = part.copy()
-        out[label_column] = privatize_array(params, key, y, start=start) if len(part) else y
+        out[label_column] = release(params, secret, y, start=start) if len(part) else y
         return out
 
     meta = frame._meta.copy()

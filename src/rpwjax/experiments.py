@@ -26,7 +26,8 @@ import numpy as np
 from . import api
 from .datasets import Split
 from .errors import InputError, check_epsilon
-from .priors import epsilon_keys
+from .keys import Secret
+from .release import release_grid
 from .training import test_mse_many, train_many
 
 PAPER_EPSILONS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 4.0, 8.0)
@@ -87,16 +88,17 @@ def _variant_jobs(split: Split, config: SweepConfig, name: str, eps: np.ndarray,
     for seed in range(config.seeds):
         start = time.perf_counter()
         if name == "rpwithprior+calibrated":
-            labels = [twostage.calibrated_denoised(y, split.lo, split.hi, e, seed=30_000 + seed,
+            labels = [twostage.calibrated_denoised(y, split.lo, split.hi, e, secret=Secret.from_seed(30_000 + seed),
                                                    prior_fraction=settings["prior_fraction"], bins=config.bins)[0]
                       for e in eps]
         elif name == "linear-prior":
-            labels = [twostage.linear_prior_labels(split.x_train, y, split.lo, split.hi, e, seed=30_000 + seed,
+            labels = [twostage.linear_prior_labels(split.x_train, y, split.lo, split.hi, e,
+                                                   secret=Secret.from_seed(30_000 + seed),
                                                    **settings)[0]
                       for e in eps]
         else:
             cfg = twostage.TwoStageConfig(bins=config.bins, **settings)
-            runs = [twostage.TwoStageRun(y, split.lo, split.hi, e, 30_000 + seed, cfg) for e in eps]
+            runs = [twostage.TwoStageRun(y, split.lo, split.hi, e, Secret.from_seed(30_000 + seed), cfg) for e in eps]
             # every run of this seed shares the A/B split, so their stage models train together
             runs = twostage.train_runs(runs, split.x_train, epochs=config.epochs, model_seed=40_000 + 10 * seed,
                                        split_seed=50_000 + 10 * seed)
@@ -113,17 +115,13 @@ def _mechanism_index(name: str) -> int:
     return list(api.MECHANISMS).index(name)
 
 
-@jax.jit
-def _sample_per_epsilon(params, keys, y):
-    return jax.vmap(lambda p, k: p.sample(k, y))(params, keys)
-
-
 def privatize_grid(fit: api.FitResult, seed: int, mechanism: str, labels) -> np.ndarray:
-    """Noisy copies of ``labels`` for every ε of ``fit``: (E, n) float32; keys from (seed, mechanism, ε)."""
-    key = jax.random.fold_in(jax.random.key(seed), _mechanism_index(mechanism))
-    keys = epsilon_keys(key, np.atleast_1d(fit.epsilon))
-    y = np.asarray(labels, np.float32)
-    return np.asarray(_sample_per_epsilon(fit.params, keys, y))
+    """Released copies of ``labels`` for every ε of ``fit`` through the release path: (E, n) float64.
+
+    The secret is expanded from (seed, mechanism) (experiments only: public, reproducible seeds), and
+    each ε is released with its own key derived from the ε value.
+    """
+    return release_grid(fit.params, Secret.from_seed(seed).child("sweep", _mechanism_index(mechanism)), labels)
 
 
 def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> list[dict]:

@@ -7,10 +7,11 @@ and is flagged ``discrete`` so that kernels can take the cheaper piecewise
 linear path. One representation serves both prior kinds in every kernel.
 
 Privacy: the empirical prior *is* the labels (the paper's known-prior
-setting; the mechanism then gets all of ε). When the prior is unknown,
-:func:`private_histogram` spends ε₁ on a Laplace-noised histogram over the
-PUBLIC range (replace-one neighbours, L1 sensitivity 2) and nothing else is
-ever read from the labels.
+setting; the mechanism then gets all of ε, and the guarantee holds only if
+that prior is public). When the prior is unknown, :func:`private_histogram`
+spends ε₁ on a noisy histogram over the PUBLIC range (exact discrete Laplace
+noise, replace-one neighbours, L1 sensitivity 2) and nothing else is ever
+read from the labels.
 """
 
 from __future__ import annotations
@@ -109,14 +110,6 @@ class Prior:
         return 0.5 * (self.left + self.right)
 
 
-def epsilon_keys(key, epsilons):
-    """One key per ε, derived from the ε value's float64 bits (not its index in a grid)."""
-    bits = np.asarray(epsilons, dtype=np.float64).reshape(-1).view(np.uint64)
-    high = (bits >> np.uint64(32)).astype(np.uint32)
-    low = (bits & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-    return jax.vmap(lambda h, l: jax.random.fold_in(jax.random.fold_in(key, h), l))(high, low)
-
-
 def empirical_prior(labels, lo, hi, *, weights=None, clip: bool = False) -> Prior:
     """Known prior: the empirical distribution of ``labels`` (weighted point masses)."""
     lo, hi = check_range(lo, hi)
@@ -155,32 +148,37 @@ def histogram_prior(edges, masses, *, kind: str = "histogram") -> Prior:
     return Prior(e[:-1], e[1:], m, float(e[0]), float(e[-1]), False, kind)
 
 
-def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, key, clip: bool = False) -> Prior:
+def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, secret, clip: bool = False) -> Prior:
     r"""``Hist_ε``: an ε₁-DP histogram prior over the public range.
 
-    ``bins`` equal-width bins over ``[lo, hi]``; counts plus Laplace(2/ε₁)
-    noise (replace-one neighbours change two counts by one: L1 sensitivity 2),
-    clipped at zero and normalised (all zero gives the uniform prior).
-    With a 1-d ``epsilon_prior`` each value gets its own independent noise
-    (:func:`epsilon_keys`: the key depends on the value, not on its position
-    in the grid, so one cell of a sweep can be rerun alone) and the result
-    carries a leading axis.
+    ``bins`` equal-width bins over ``[lo, hi]``; integer counts plus exact
+    discrete Laplace noise of rate ε₁/2 (:func:`rpwjax.noise.noisy_counts`:
+    replace-one neighbours change two counts by one, L1 sensitivity 2; no
+    floating point touches the noise), clipped at zero and normalised (all
+    zero gives the uniform prior). The noise is drawn from ``secret``
+    (:class:`rpwjax.keys.Secret`), purpose ``"histogram"``; with a 1-d
+    ``epsilon_prior`` each value gets its own independent noise, keyed by the
+    value's float64 bits (not its position in the grid, so one cell of a
+    sweep can be rerun alone), and the result carries a leading axis.
     """
+    from .keys import Secret
+    from .noise import noisy_counts
+    from .release import epsilon_index
+
     lo, hi = check_range(lo, hi)
     eps1 = check_epsilon(epsilon_prior, "epsilon_prior")
-    if int(bins) != bins or bins < 1:
+    if isinstance(bins, bool) or int(bins) != bins or bins < 1:
         raise InputError(f"bins must be a positive integer, got bins={bins!r}")
     bins = int(bins)
+    if not isinstance(secret, Secret):
+        raise InputError(f"secret must be an rpwjax.keys.Secret, got {type(secret).__name__}")
     y = check_labels(labels, lo, hi, clip=clip)
     edges = np.linspace(lo, hi, bins + 1)
-    # np.histogram puts hi into the last bin; the count is the only thing read from the labels
+    # np.histogram puts hi into the last bin; the counts are the only thing read from the labels
     counts, _ = np.histogram(y, bins=edges)
     flat = eps1.reshape(-1)
-    keys = epsilon_keys(key, flat)
-    with jax.enable_x64(True):
-        noise = jax.vmap(lambda k: jax.random.laplace(k, (bins,), dtype=jnp.float64))(keys)
-        noise = np.asarray(noise) * (2.0 / flat)[:, None]
-    noisy = np.maximum(counts[None, :] + noise, 0.0)
+    noisy = np.stack([noisy_counts(counts, e, secret, "histogram", epsilon_index(e)) for e in flat]).astype(np.float64)
+    noisy = np.maximum(noisy, 0.0)
     total = noisy.sum(axis=1, keepdims=True)
     mass = np.where(total > 0, noisy / np.where(total > 0, total, 1.0), 1.0 / bins)
     if eps1.ndim == 0:

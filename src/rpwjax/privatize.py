@@ -1,25 +1,18 @@
-"""Apply a fitted mechanism to labels: arrays, and whole files streamed in chunks.
+"""Privatize whole files, streamed in chunks, through the one release path.
 
-Work is sharded over all JAX devices block by block; since a block's
-randomness depends only on its index, the output does not depend on the
-number of devices either.
+Every released label comes from :func:`rpwjax.release.release`: float64
+sampling, the public grid and clamp, and per-block keys derived from the
+secret, tied to the GLOBAL row index (blocks of
+:data:`rpwjax.release.BLOCK_ROWS` rows). The same secret therefore gives
+bit-identical output for any ``chunk_rows``, any number of devices and any
+split into shards (``row_offset``).
 
-Randomness is tied to the GLOBAL row index, not to how the rows are chunked:
-rows are grouped in fixed blocks of :data:`BLOCK_ROWS`; block ``b`` samples
-with ``fold_in(key, b)`` and every mechanism draws per-element randomness, so
-row ``i`` always sees the same random numbers. The same seed therefore gives
-bit-identical output for any ``chunk_rows``.
-
-The seed is a secret: with it and the parameters anyone can undo the noise.
-It is never written to the sidecar file.
+The secret is never written anywhere: the sidecar says only whether it was
+an experiments-only integer seed.
 """
 
 from __future__ import annotations
 
-from functools import partial
-
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
@@ -27,57 +20,10 @@ from tqdm.auto import tqdm
 from . import io
 from .base import Mechanism
 from .errors import InputError, check_labels
+from .keys import Secret, secret_record
+from .release import release, sidecar_fields
 
-BLOCK_ROWS = 1 << 16
 DEFAULT_CHUNK_ROWS = 1 << 20
-GRID_BITS = 24  # output grid step = 2**(floor(log2(hi - lo)) - GRID_BITS)
-
-
-def output_grid(params: Mechanism) -> float | None:
-    """The public grid step continuous outputs are snapped to (None for discrete outputs).
-
-    A power of two, so grid points are exact in float64: rounding to it
-    erases the low-order bits of the floating-point sample, which could
-    otherwise carry information about the true label beyond what the ideal
-    real-valued mechanism reveals. Snapping is post-processing: it costs no
-    privacy.
-    """
-    if params.discrete:
-        return None
-    return float(2.0 ** (np.floor(np.log2(params.hi - params.lo)) - GRID_BITS))
-
-
-@partial(jax.jit, static_argnames=("num_blocks", "grid"))
-def _sample_blocks(params, key, first_block, y_blocks, num_blocks, grid):
-    keys = jax.vmap(lambda b: jax.random.fold_in(key, b))(first_block + jnp.arange(num_blocks))
-    out = jax.vmap(params.sample)(keys, y_blocks)
-    if grid is not None:
-        out = jnp.round(out / grid) * grid
-    return out
-
-
-def privatize_array(params: Mechanism, key, labels, *, start: int = 0) -> np.ndarray:
-    """Noisy labels for ``labels`` sitting at global rows ``start ...`` (float64, any chunking).
-
-    Continuous outputs are snapped to :func:`output_grid`.
-    """
-    y = np.asarray(labels, dtype=np.float64).ravel()
-    offset = start % BLOCK_ROWS
-    devices = jax.local_devices()  # multi-host: each process shards its own rows over its own devices
-    num_blocks = -(-(offset + y.size) // BLOCK_ROWS)
-    num_blocks = -(-num_blocks // len(devices)) * len(devices)  # whole blocks on every device
-    padded = np.full(num_blocks * BLOCK_ROWS, params.lo, dtype=np.float64)
-    padded[offset : offset + y.size] = y
-    with jax.enable_x64(True):
-        blocks = padded.reshape(num_blocks, BLOCK_ROWS)
-        if len(devices) > 1:
-            # blocks are independent (each has its own key), so sharding them over
-            # devices changes where a block is computed, never what it computes
-            mesh = jax.sharding.Mesh(np.array(devices), ("blocks",))
-            blocks = jax.device_put(blocks, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("blocks")))
-        out = _sample_blocks(params, key, start // BLOCK_ROWS, blocks, num_blocks=num_blocks, grid=output_grid(params))
-        out = np.asarray(out).reshape(-1)
-    return out[offset : offset + y.size]
 
 
 def privatize_file(
@@ -86,7 +32,7 @@ def privatize_file(
     *,
     label_column: str,
     params: Mechanism,
-    key,
+    secret: Secret,
     record: dict,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     clip: bool = False,
@@ -98,7 +44,7 @@ def privatize_file(
     """Stream ``input_path`` to ``output_path`` with the label column privatized.
 
     Every column is kept in order; the label column is replaced by float64
-    noisy labels. ``row_offset`` is the global index of the file's first row
+    released labels (:func:`rpwjax.release.release` with ``secret``). ``row_offset`` is the global index of the file's first row
     when the file is one shard of a larger data set (shards privatized on
     different machines then match a single run over the whole data).
     ``postprocess`` (e.g. posterior denoising) maps the private labels of each
@@ -130,7 +76,7 @@ def privatize_file(
                         y = check_labels(y, params.lo, params.hi, clip=clip, name="labels")
                     except InputError as err:
                         raise InputError(f"{err} (chunk starting at row {rows})") from None
-                    noisy = privatize_array(params, key, y, start=int(row_offset) + rows)
+                    noisy = release(params, secret, y, start=int(row_offset) + rows)
                     if postprocess is not None:
                         noisy = np.asarray(postprocess(noisy), dtype=np.float64)
                     batch = batch.set_column(index, pa.field(label_column, pa.float64()), pa.array(noisy))
@@ -146,7 +92,7 @@ def privatize_file(
                 writer.close()
         if rows == 0:
             raise InputError(f"input file {str(input_path)!r} has no rows")
-        sidecar = dict(record, rows=rows, label_column=label_column, output_grid=output_grid(params),
-                       postprocessing=postprocess_name)
+        sidecar = dict(record, rows=rows, label_column=label_column, **sidecar_fields(params),
+                       postprocessing=postprocess_name, **secret_record(secret))
         io.write_json(str(output_path) + ".json", sidecar)
     return sidecar

@@ -58,13 +58,8 @@ class RPWithPrior(Mechanism):
         _, _, a1, a2 = self._cast(y.dtype)
         return jnp.clip(y, a1, a2)
 
-    def sample(self, key, y):
-        """One uniform per label, inverse CDF of the three-piece density, branch-free."""
-        y = jnp.asarray(y)
-        u = jax.random.uniform(key, y.shape, y.dtype)
-        return self.sample_from_uniform(u, y)
-
     def sample_from_uniform(self, u, y):
+        """Inverse CDF of the three-piece density at ``u`` (one uniform per label, branch-free, monotone)."""
         eps, zeta, a1, a2 = self._cast(y.dtype)
         yc = self.projected(y)
         shrink = jnp.exp(-eps)
@@ -78,6 +73,23 @@ class RPWithPrior(Mechanism):
             jnp.where(t < left_mass + 2 * zeta, yc - zeta + (t - left_mass), yc + zeta + (t - left_mass - 2 * zeta) * grow),
         )
         return jnp.clip(out, a1 - zeta, a2 + zeta)
+
+    def release_spec(self) -> dict:
+        r"""Grid h and range [a, b]: a, b the grid points just inside the support [A1 - ζ, A2 + ζ].
+
+        The end cells then hold at least h/2 of the support, so every cell has
+        probability at least :math:`rac{h}{2} e^{-arepsilon}/\gamma` at every label;
+        h is the smallest power of two with N·that >= ``MIN_CELL_COUNT`` and at
+        most ``MAX_CELLS`` cells (a function of the released parameters only).
+        """
+        from .release import MAX_CELLS, MIN_CELL_COUNT, UNIFORM_COUNT, pow2_at_least
+
+        eps, zeta, a1, a2 = (np.asarray(v, np.float64) for v in (self.epsilon, self.zeta, self.a1, self.a2))
+        gamma = 2 * zeta + np.exp(-eps) * (a2 - a1)
+        width = a2 - a1 + 2 * zeta
+        need = np.maximum(2.0 * MIN_CELL_COUNT * gamma * np.exp(eps) / UNIFORM_COUNT, width / MAX_CELLS)
+        h = pow2_at_least(float(np.max(need)))
+        return {"grid": h, "low": np.ceil((a1 - zeta) / h) * h, "high": np.floor((a2 + zeta) / h) * h}
 
     def log_density(self, y_tilde, y):
         y_tilde = jnp.asarray(y_tilde)

@@ -131,21 +131,20 @@ class RROnBins(Mechanism):
         g = jnp.searchsorted(thresholds, y, side="left")
         return jnp.minimum(g, self._count() - 1)
 
-    def sample(self, key, y):
-        """One uniform per label: own output w.p. e^ε/D, else one of the other m - 1 uniformly."""
-        y = jnp.asarray(y)
-        u = jax.random.uniform(key, y.shape, y.dtype)
-        return self.sample_from_uniform(u, y)
-
     def sample_from_uniform(self, u, y):
+        """Inverse CDF over the sorted outputs at ``u`` (monotone in ``u``): weight e^ε on the own group, 1 on others.
+
+        With t = u·(e^ε + m - 1) and g the own group, the cumulative weight through
+        output j is j + 1 below g and j + e^ε from g on, so the output is
+        ⌊t⌋ for t < g, g for g <= t < g + e^ε, and ⌊t - e^ε⌋ + 1 after.
+        """
         g = self.group(y)
         m = self._count()
         a = jnp.exp(jnp.asarray(self.epsilon, y.dtype))
-        t = u * (a + (m - 1))
-        # t in [a, a + m - 1): unit slots for the other outputs, skipping the own one
-        r = jnp.clip(jnp.floor(t - a).astype(jnp.int32), 0, jnp.maximum(m - 2, 0))
-        other = jnp.where(r >= g, r + 1, r)
-        index = jnp.where(t < a, g, other)
+        t = u * (a + (m - 1).astype(y.dtype))
+        gf = g.astype(y.dtype)
+        index = jnp.where(t < gf, jnp.floor(t), jnp.where(t < gf + a, gf, jnp.floor(t - a) + 1))
+        index = jnp.clip(index, 0, m - 1).astype(jnp.int32)
         return jnp.asarray(self.outputs, y.dtype)[index]
 
     def log_density(self, y_tilde, y):

@@ -78,6 +78,10 @@ import numpy as np
 
 from . import api, interval_search
 from .errors import InputError, check_epsilon, check_labels, check_range
+from .keys import Secret
+from .noise import BitStream, discrete_laplace
+from .noise import noisy_counts as _exact_noisy_counts
+from .release import epsilon_index, release
 from .posterior import _rpwithprior_posterior, _snap_to_outputs
 from .priors import Prior, histogram_prior
 from .rpwithprior import RPWithPrior, choose_zeta
@@ -99,15 +103,6 @@ __all__ = [
 _CHUNK = 2048
 
 
-def _release(params, key, values) -> np.ndarray:
-    """The mechanism's outputs for ``values`` (float64); continuous outputs snapped to the public power-of-two
-    grid of :func:`rpwjax.privatize.output_grid`, as ``privatize`` writes them (post-processing, before any
-    denoising, so no low-order bit of a floating-point sample reaches a released label)."""
-    from .privatize import output_grid
-
-    noisy = np.asarray(params.sample(key, jnp.asarray(values, jnp.float32)), np.float64)
-    grid = output_grid(params)
-    return noisy if grid is None else np.round(noisy / grid) * grid
 STAGE1 = ("unbiased", "rpwithprior", "rr-on-bins", "laplace", "staircase")
 STAGE2 = ("rpwithprior", "unbiased")
 RESIDUAL_QUANTILE = 0.02
@@ -116,14 +111,26 @@ RESIDUAL_QUANTILE = 0.02
 # --------------------------------------------------------------------------- private estimates
 
 
-def private_mean(labels, lo, hi, epsilon, key) -> float:
-    """ε-DP mean of labels in the public [lo, hi]: replace-one sensitivity (hi - lo)/n, Laplace; clipped to [lo, hi]."""
+MEAN_RESOLUTION = 1 << 20  # labels are rounded to (hi - lo) / this before the private sum
+
+
+def private_mean(labels, lo, hi, epsilon, secret: Secret) -> float:
+    """ε-DP mean of labels in the public [lo, hi], clipped to [lo, hi]; exact integer noise.
+
+    Each label is rounded to one of R + 1 levels q_i = round(R (y_i - lo)/(hi - lo)) (R =
+    :data:`MEAN_RESOLUTION`), so replacing one label moves the integer sum Σ q_i by at most R;
+    discrete Laplace noise of rate ε/R makes the sum ε-DP. Noise scale (hi - lo)/(n ε) as for the
+    continuous Laplace mean; rounding moves the mean by at most (hi - lo)/(2R).
+    """
     lo, hi = check_range(lo, hi)
     eps = float(check_epsilon(epsilon))
     y = check_labels(labels, lo, hi)
-    with jax.enable_x64(True):
-        noise = float(jax.random.laplace(key, (), jnp.float64))
-    return float(np.clip(y.mean() + noise * (hi - lo) / (y.size * eps), lo, hi))
+    q = np.rint(MEAN_RESOLUTION * (y - lo) / (hi - lo)).astype(np.int64)
+    from fractions import Fraction
+
+    z = discrete_laplace(Fraction(eps) / MEAN_RESOLUTION, BitStream(secret, "mean"))
+    total = int(q.sum()) + z
+    return float(np.clip(lo + (hi - lo) * total / (MEAN_RESOLUTION * y.size), lo, hi))
 
 
 def _tilt_to_mean(left, right, mass, target):
@@ -154,12 +161,11 @@ def _tilt_to_mean(left, right, mass, target):
     return mean_at(0.5 * (lo_l + hi_l))[1]
 
 
-def calibrated_prior(labels, lo, hi, epsilon_prior, *, bins: int, key) -> Prior:
+def calibrated_prior(labels, lo, hi, epsilon_prior, *, bins: int, secret: Secret) -> Prior:
     """ε₁-DP prior: a private histogram (ε₁/2) tilted to a private mean (ε₁/2)."""
     eps1 = float(check_epsilon(epsilon_prior, "epsilon_prior"))
-    k_hist, k_mean = jax.random.split(key)
-    hist = private_histogram_projected(labels, lo, hi, eps1 / 2, bins=bins, key=k_hist)
-    mean = private_mean(labels, lo, hi, eps1 / 2, k_mean)
+    hist = private_histogram_projected(labels, lo, hi, eps1 / 2, bins=bins, secret=secret.child("histogram"))
+    mean = private_mean(labels, lo, hi, eps1 / 2, secret.child("mean"))
     left, right, mass = (np.asarray(v, np.float64) for v in (hist.left, hist.right, hist.mass))
     return Prior(left, right, _tilt_to_mean(left, right, mass, mean), hist.lo, hist.hi, False, "calibrated-histogram")
 
@@ -183,30 +189,28 @@ def project_counts(noisy, total: float) -> np.ndarray:
     return np.maximum(v - tau, 0.0)
 
 
-def noisy_counts(values, edges, epsilon, key) -> np.ndarray:
-    """The ε-DP release: counts over public ``edges`` (values clipped to them) plus Laplace(2/ε) noise
-    (replace-one neighbours change two counts by one: L1 sensitivity 2)."""
+def noisy_counts(values, edges, epsilon, secret: Secret) -> np.ndarray:
+    """The ε-DP release: counts over public ``edges`` (values clipped to them) plus exact discrete Laplace
+    noise of rate ε/2 (:func:`rpwjax.noise.noisy_counts`; replace-one neighbours change two counts by one)."""
     eps = float(check_epsilon(epsilon))
     edges = np.asarray(edges, np.float64)
     v = np.clip(np.asarray(values, np.float64), edges[0], edges[-1])
     counts, _ = np.histogram(v, bins=edges)  # the only thing read from the labels
-    with jax.enable_x64(True):
-        noise = np.asarray(jax.random.laplace(key, (counts.size,), jnp.float64)) * (2.0 / eps)
-    return counts + noise
+    return _exact_noisy_counts(counts, eps, secret, "counts").astype(np.float64)
 
 
-def noisy_histogram(values, edges, epsilon, key) -> np.ndarray:
+def noisy_histogram(values, edges, epsilon, secret: Secret) -> np.ndarray:
     """ε-DP histogram masses over public ``edges``: :func:`noisy_counts` projected onto the public total."""
-    c = project_counts(noisy_counts(values, edges, epsilon, key), np.size(values))
+    c = project_counts(noisy_counts(values, edges, epsilon, secret), np.size(values))
     return c / c.sum() if c.sum() > 0 else np.full(c.size, 1.0 / c.size)
 
 
-def private_histogram_projected(labels, lo, hi, epsilon, *, bins: int, key) -> Prior:
+def private_histogram_projected(labels, lo, hi, epsilon, *, bins: int, secret: Secret) -> Prior:
     """``Hist_ε`` with the projection post-processing (:func:`project_counts`) instead of clip-and-normalise."""
     lo, hi = check_range(lo, hi)
     y = check_labels(labels, lo, hi)
     edges = np.linspace(lo, hi, int(bins) + 1)
-    return Prior(edges[:-1], edges[1:], noisy_histogram(y, edges, epsilon, key), lo, hi, False, "private-histogram")
+    return Prior(edges[:-1], edges[1:], noisy_histogram(y, edges, epsilon, secret), lo, hi, False, "private-histogram")
 
 
 def _laplace_masses(edges, location, scale):
@@ -232,7 +236,7 @@ def release_bins(rows: int, epsilon: float, most: int) -> int:
     return k
 
 
-def residual_histogram(residuals, width, epsilon, *, bins: int, key, resolution: int = 2):
+def residual_histogram(residuals, width, epsilon, *, bins: int, secret: Secret, resolution: int = 2):
     """ε-DP residual prior over the public [-width, width]: (edges, masses).
 
     One release: a ``bins``-bin Laplace(2/ε) histogram of the residuals. When
@@ -249,7 +253,7 @@ def residual_histogram(residuals, width, epsilon, *, bins: int, key, resolution:
     fine = np.linspace(-width, width, int(bins) * resolution + 1)
     bins = release_bins(r.size, eps, int(bins))
     edges = np.linspace(-width, width, bins + 1)
-    noisy = noisy_counts(r, edges, eps, key)
+    noisy = noisy_counts(r, edges, eps, secret)
     if histogram_is_reliable(r.size, eps, bins) and fine.size - 1 == bins * resolution:
         c = project_counts(noisy, r.size)
         mass = c / c.sum() if c.sum() > 0 else np.full(c.size, 1.0 / c.size)
@@ -409,13 +413,13 @@ class TwoStageConfig:
 class TwoStageRun:
     """One run of the pipeline for one ε, in phases, so that a caller can train many runs' models at once.
 
-    ``run = TwoStageRun(y, lo, hi, epsilon, seed, config)``; then
+    ``run = TwoStageRun(y, lo, hi, epsilon, secret, config)``; then
     ``run.stage1_rows`` / ``run.stage1_targets`` -> train m₁ -> ``run.stage2(pred_m1)`` (predictions
     for ALL rows) -> ``run.cross_rows`` / ``run.cross_targets`` -> train m₂ (skipped when
     ``run.needs_cross`` is False) -> ``run.finish(pred_m2)`` -> ``run.labels`` (all rows) and ``run.record``.
     """
 
-    def __init__(self, labels, lo, hi, epsilon, seed: int, config: TwoStageConfig = TwoStageConfig()):
+    def __init__(self, labels, lo, hi, epsilon, secret: Secret, config: TwoStageConfig = TwoStageConfig()):
         self.config = config.validate()
         self.lo, self.hi = check_range(lo, hi)
         self.epsilon = float(check_epsilon(epsilon))
@@ -424,10 +428,12 @@ class TwoStageRun:
         n_a = int(round(config.fraction * n))
         if n_a < 2 or n - n_a < 2:
             raise InputError(f"cannot split {n} rows into two parts with fraction={config.fraction!r}")
-        order = np.random.default_rng(seed).permutation(n)  # public randomness: independent of the labels
+        if not isinstance(secret, Secret):
+            raise InputError(f"secret must be an rpwjax.keys.Secret, got {type(secret).__name__}")
+        # the split is independent of the labels (and of ε, so runs at several ε share it)
+        order = np.random.default_rng(int.from_bytes(secret.digest("split"), "big")).permutation(n)
         self.part_a, self.part_b = np.sort(order[:n_a]), np.sort(order[n_a:])
-        key = jax.random.fold_in(jax.random.key(seed), np.uint32(np.float32(self.epsilon).view(np.uint32)))
-        self._keys = jax.random.split(key, 4)
+        self._secret = secret.child("epsilon", epsilon_index(self.epsilon))
         self.eps1 = config.prior_fraction * self.epsilon
         self.eps2 = self.epsilon - self.eps1
         self._stage1()
@@ -438,7 +444,8 @@ class TwoStageRun:
         y_a = self._y[self.part_a]
         fit_fn, _, uses_prior = api._entry(cfg.stage1)
         if uses_prior:
-            prior = private_histogram_projected(y_a, self.lo, self.hi, self.eps1, bins=cfg.bins, key=self._keys[0])
+            prior = private_histogram_projected(y_a, self.lo, self.hi, self.eps1, bins=cfg.bins,
+                                                secret=self._secret.child("stage1-histogram"))
             eps_mech = self.eps2
         else:  # a prior-free mechanism gets all of ε on part A
             prior, eps_mech = None, self.epsilon
@@ -447,7 +454,7 @@ class TwoStageRun:
             np.array([self.lo]), np.array([self.hi]), np.array([1.0]), self.lo, self.hi, False, "none"), eps_mech, **options)
         self.stage1_params, self.stage1_epsilon = params, eps_mech
         self.global_prior = prior
-        noisy = _release(params, self._keys[1], y_a)
+        noisy = release(params, self._secret.child("stage1"), y_a)
         self.stage1_outputs = noisy
         # m1 learns from the private outputs; RPWithPrior's are denoised under the global prior first
         if cfg.stage1 == "rpwithprior":
@@ -469,13 +476,13 @@ class TwoStageRun:
         b = self.part_b
         y_b = self._y[b]
         self.residual_edges, self.residual_mass = residual_histogram(
-            y_b - m1[b], width, self.eps1, bins=cfg.residual_bins, key=self._keys[2])
+            y_b - m1[b], width, self.eps1, bins=cfg.residual_bins, secret=self._secret.child("residual-histogram"))
         if cfg.stage2 == "rpwithprior":
             residual_prior = histogram_prior(self.residual_edges, self.residual_mass)
             self.zeta = float(choose_zeta(residual_prior, self.eps2)[0])
             priors = shifted_priors(self.residual_edges, self.residual_mass, m1[b], self.lo, self.hi, self.global_prior)
             params = per_example_intervals(priors, self.zeta, self.eps2)
-            noisy = _release(params, self._keys[3], y_b)
+            noisy = release(params, self._secret.child("stage2"), y_b)
             self.stage2_params, self.stage2_outputs = params, noisy
             self.labels_b = posterior_mean_per_example(params, priors, noisy)
         else:
@@ -490,7 +497,7 @@ class TwoStageRun:
             prior = histogram_prior(edges, masses[inner] + 1e-12)
             params, _ = api._entry("unbiased")[0](prior, self.eps2)
             z = np.clip(y_b - m1[b], c_lo, c_hi)
-            noisy = _release(params, self._keys[3], z)
+            noisy = release(params, self._secret.child("stage2"), z)
             self.residual_range = (c_lo, c_hi)
             self.stage2_params, self.stage2_outputs = params, noisy
             self.labels_b = m1[b] + noisy
@@ -595,20 +602,21 @@ def train_runs(runs: list[TwoStageRun], features, *, epochs: int = 50, model_see
     return runs
 
 
-def two_stage_labels(features, labels, lo, hi, epsilon, *, seed: int, config: TwoStageConfig = TwoStageConfig(),
+def two_stage_labels(features, labels, lo, hi, epsilon, *, secret: Secret, config: TwoStageConfig = TwoStageConfig(),
                      epochs: int = 50) -> TwoStageRun:
     """Run the whole pipeline for one ε; ``.labels`` are the private training labels, ``.record`` the accounting.
 
-    ``seed`` drives the split, the noise and the stage models; keep it secret for a real release.
+    ``secret`` drives the split, the noise and the stage models' initialisation.
     """
-    run = TwoStageRun(labels, lo, hi, epsilon, seed, config)
-    return train_runs([run], features, epochs=epochs, model_seed=seed, split_seed=seed)[0]
+    run = TwoStageRun(labels, lo, hi, epsilon, secret, config)
+    model_seed = int.from_bytes(secret.digest("models")[:4], "big") >> 1
+    return train_runs([run], features, epochs=epochs, model_seed=model_seed, split_seed=model_seed)[0]
 
 
 # --------------------------------------------------------------------------- denoising under the calibrated prior
 
 
-def calibrated_denoised(labels, lo, hi, epsilon, *, seed: int, prior_fraction: float = 0.5, bins: int = 32):
+def calibrated_denoised(labels, lo, hi, epsilon, *, secret: Secret, prior_fraction: float = 0.5, bins: int = 32):
     """RPWithPrior (ζ auto) fitted to the mean-calibrated prior, outputs denoised under that prior.
 
     Spends ε₁ = ``prior_fraction``·ε on the prior (half histogram, half mean)
@@ -622,12 +630,11 @@ def calibrated_denoised(labels, lo, hi, epsilon, *, seed: int, prior_fraction: f
     if not 0 < prior_fraction < 1:
         raise InputError(f"prior_fraction must be in (0, 1), got prior_fraction={prior_fraction!r}")
     y = check_labels(labels, lo, hi)
-    key = jax.random.fold_in(jax.random.key(seed), np.uint32(np.float32(eps).view(np.uint32)))
-    k_prior, k_noise = jax.random.split(key)
+    secret = secret.child("epsilon", epsilon_index(eps))
     eps1 = prior_fraction * eps
-    prior = calibrated_prior(y, lo, hi, eps1, bins=bins, key=k_prior)
+    prior = calibrated_prior(y, lo, hi, eps1, bins=bins, secret=secret.child("prior"))
     params, _ = fit_rpwithprior(prior, eps - eps1, zeta="auto")
-    noisy = _release(params, k_noise, y)
+    noisy = release(params, secret.child("release"), y)
     record = {"pipeline": "calibrated-posterior", "epsilon": eps, "prior_epsilon": eps1,
               "mechanism": "rpwithprior", "mechanism_epsilon": eps - eps1, "bins": bins,
               "params": params.to_json()}
@@ -654,27 +661,38 @@ def public_design(features, components: int = 8):
     return design, bound
 
 
-def private_linear_fit(design, labels, lo, hi, epsilon, key, *, bound: float):
+STATISTIC_RESOLUTION = 1 << 20  # terms of X^T(y - c) are rounded to (hi - lo)·bound / this
+
+
+def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound: float):
     """ε-DP least squares with public features: only Xᵀ(y - c) reads the labels (c the range midpoint).
 
     Replacing one label changes Xᵀy by x_i (y - y'), |y - y'| <= hi - lo and ||x_i||₁ <= ``bound``:
-    L1 sensitivity (hi - lo)·bound, Laplace(b) noise per coordinate. XᵀX is public. The ridge
+    L1 sensitivity (hi - lo)·bound. Released exactly in integers: every term x_ij (y_i - c) is rounded
+    to a multiple of (hi - lo)·bound/R (R = :data:`STATISTIC_RESOLUTION`), so one label moves the d
+    integer sums by at most R + d in L1, and discrete Laplace noise of rate ε/(R + d) per coordinate
+    makes them ε-DP (noise scale b = (hi - lo)·bound/ε up to a factor 1 + d/R). XᵀX is public. The ridge
     λ = 2b²/(τ² n), τ = (hi - lo)/4, is the posterior mean for coefficients of prior scale τ under
     noise of variance 2b² (a rule on public numbers: the noise is known, the labels are not read).
     Returns θ (predict with ``design @ θ + c``)."""
     eps = float(check_epsilon(epsilon))
     y = np.asarray(labels, np.float64)
     centre = 0.5 * (lo + hi)
-    xty = design.T @ (y - centre)
-    b = (hi - lo) * bound / eps
-    with jax.enable_x64(True):
-        noise = np.asarray(jax.random.laplace(key, xty.shape, jnp.float64)) * b
+    from fractions import Fraction
+
+    unit = (hi - lo) * bound / STATISTIC_RESOLUTION
+    terms = np.rint(design * (y - centre)[:, None] / unit).astype(np.int64)
+    d = design.shape[1]
+    rate = Fraction(eps) / (STATISTIC_RESOLUTION + d)
+    stream = BitStream(secret, "statistics")
+    noisy = terms.sum(axis=0) + np.array([discrete_laplace(rate, stream) for _ in range(d)], np.int64)
+    b = (hi - lo) * bound / eps * (1 + d / STATISTIC_RESOLUTION)
     ridge = 2 * b**2 / (((hi - lo) / 4) ** 2 * y.size)
-    gram = design.T @ design + ridge * np.eye(design.shape[1])
-    return np.linalg.solve(gram, xty + noise), centre
+    gram = design.T @ design + ridge * np.eye(d)
+    return np.linalg.solve(gram, noisy.astype(np.float64) * unit), centre
 
 
-def linear_prior_labels(features, labels, lo, hi, epsilon, *, seed: int, stats_fraction: float = 0.4,
+def linear_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, stats_fraction: float = 0.4,
                         prior_fraction: float = 0.1, components: int = 8, residual_bins: int = 32):
     """Private labels whose per-row prior is centred on a private linear model (no split).
 
@@ -693,18 +711,17 @@ def linear_prior_labels(features, labels, lo, hi, epsilon, *, seed: int, stats_f
     x = np.asarray(features, np.float64)
     if x.ndim != 2 or x.shape[0] != y.size:
         raise InputError(f"features must be (n, d) with one row per label, got shape {x.shape}")
-    key = jax.random.fold_in(jax.random.key(seed), np.uint32(np.float32(eps).view(np.uint32)))
-    k_stats, k_res, k_noise = jax.random.split(key, 3)
+    secret = secret.child("epsilon", epsilon_index(eps))
     eps_s, eps1 = stats_fraction * eps, prior_fraction * eps
     eps2 = eps - eps_s - eps1
     design, bound = public_design(x, components)
-    theta, centre = private_linear_fit(design, y, lo, hi, eps_s, k_stats, bound=bound)
+    theta, centre = private_linear_fit(design, y, lo, hi, eps_s, secret.child("statistics"), bound=bound)
     m = np.clip(design @ theta + centre, lo, hi)
-    edges, mass = residual_histogram(y - m, hi - lo, eps1, bins=residual_bins, key=k_res)
+    edges, mass = residual_histogram(y - m, hi - lo, eps1, bins=residual_bins, secret=secret.child("residual-histogram"))
     zeta = float(choose_zeta(histogram_prior(edges, mass), eps2)[0])
     priors = shifted_priors(edges, mass, m, lo, hi)
     params = per_example_intervals(priors, zeta, eps2)
-    noisy = _release(params, k_noise, y)
+    noisy = release(params, secret.child("release"), y)
     record = {"pipeline": "linear-prior", "epsilon": eps, "rows": int(y.size),
               "statistics_epsilon": eps_s, "residual_histogram_epsilon": eps1, "mechanism": "rpwithprior",
               "mechanism_epsilon": eps2, "components": int(design.shape[1] - 1), "l1_bound": bound, "zeta": zeta,

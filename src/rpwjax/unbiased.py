@@ -165,13 +165,8 @@ class Unbiased(Mechanism):
         midpoints = 0.5 * (support[1:] + support[:-1])
         return jnp.searchsorted(midpoints, y, side="left")
 
-    def sample(self, key, y):
-        """One uniform per label: inverse CDF of its row (binary search over the cumulative sums)."""
-        y = jnp.asarray(y)
-        u = jax.random.uniform(key, y.shape, y.dtype)
-        return self.sample_from_uniform(u, y)
-
     def sample_from_uniform(self, u, y):
+        """Inverse CDF of the label's row at ``u`` (binary search over the float cumulative sums; monotone)."""
         row = self.row(y)
         probabilities = jnp.asarray(self.probabilities, y.dtype)
         size = probabilities.shape[-1]
