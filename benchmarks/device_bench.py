@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     groups = bench.build_groups(plan, out / "cache", families=("sampling", "search-labels", "search-epsilons"))
     for g in groups:
         if g.family == "sampling":
-            g.members = [m for m in g.members if m.name in ("uniform-floor", "sample/rpwithprior")]
+            g.members = [m for m in g.members if m.name in ("uniform-floor", "release/rpwithprior")]
     results = {"machine": bench.machine_info(), "plan": dataclasses.asdict(plan), "cases": [], "skipped": []}
     path = out / "device_results.json"
     for g in groups:

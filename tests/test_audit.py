@@ -11,6 +11,7 @@ import pytest
 from scipy import stats
 
 from rpwjax import audit as audit_module
+from rpwjax import realized
 from rpwjax.additive import Laplace, Staircase, gaussian_delta
 from rpwjax.api import mechanism_names
 from rpwjax.audit import audit_mechanism, clopper_pearson, fit_example
@@ -40,17 +41,18 @@ class StaircaseOuterBranchBroken(Staircase):
     e^{±ε} (same piece, next step) and ((1-γ)/γ)^{±1} (outer_k vs inner_{k+1}), smaller.
     """
 
-    def sample(self, key, y):
+    def sample_from_uniform(self, u, y):
+        # the honest one-uniform inverse CDF, except that within a step the outer part gets mass b/(1+b)
         y = jnp.asarray(y)
         eps, gamma, width = (jnp.asarray(v, y.dtype) for v in (self.epsilon, self.gamma, self.hi - self.lo))
-        k_sign, k_step, k_branch, k_position = jax.random.split(key, 4)
-        sign = jnp.where(jax.random.uniform(k_sign, y.shape, y.dtype) < 0.5, -1.0, 1.0).astype(y.dtype)
-        step = jnp.floor(jnp.log1p(-jax.random.uniform(k_step, y.shape, y.dtype)) / -eps)
+        w = jnp.where(u < 0.5, 2 * u, 2 * (1 - u))
+        step = jnp.floor(-jnp.log(w) / eps)
         b = jnp.exp(-eps)
-        outer = jax.random.uniform(k_branch, y.shape, y.dtype) < b / (1 + b)  # the bug
-        u = jax.random.uniform(k_position, y.shape, y.dtype)
-        offset = jnp.where(outer, gamma + (1 - gamma) * u, gamma * u)
-        return jnp.clip(y, self.lo, self.hi) + sign * width * (step + offset)
+        c = jnp.clip((1 - w * jnp.exp(eps * step)) / (1 - b), 0.0, 1.0)
+        inner_share = 1 / (1 + b)  # the bug: should be γ / (γ + (1-γ) b)
+        z = jnp.where(c < inner_share, gamma * c / inner_share, gamma + (1 - gamma) * (c - inner_share) / (1 - inner_share))
+        magnitude = width * (step + z)
+        return jnp.clip(y, self.lo, self.hi) + jnp.where(u < 0.5, -magnitude, magnitude)
 
 
 class RPWithPriorOuterTwoEpsilon(RPWithPrior):
@@ -65,8 +67,8 @@ class RPWithPriorOuterTwoEpsilon(RPWithPrior):
     def log_density(self, y_tilde, y):
         return self._honest().log_density(y_tilde, y)
 
-    def sample(self, key, y):
-        return self._honest().sample(key, y)
+    def sample_from_uniform(self, u, y):
+        return self._honest().sample_from_uniform(u, y)
 
 
 class WindowOnly(RPWithPrior):
@@ -77,18 +79,17 @@ class WindowOnly(RPWithPrior):
         inside = jnp.abs(y_tilde - self.projected(jnp.asarray(y, y_tilde.dtype))) <= self.zeta
         return jnp.where(inside, -jnp.log(2 * jnp.asarray(self.zeta, y_tilde.dtype)), -jnp.inf)
 
-    def sample(self, key, y):
+    def sample_from_uniform(self, u, y):
         y = jnp.asarray(y)
-        u = jax.random.uniform(key, y.shape, y.dtype, minval=-1.0, maxval=1.0)
-        return self.projected(y) + u * jnp.asarray(self.zeta, y.dtype)
+        return self.projected(y) + (2 * u - 1) * jnp.asarray(self.zeta, y.dtype)
 
 
 class RROnBinsSamplerTwoEpsilon(RROnBins):
     """Claims the ε pmf, but samples the own output w.p. e^{2ε}/(e^{2ε} + m - 1): log loss 2ε for m = 2."""
 
-    def sample(self, key, y):
+    def sample_from_uniform(self, u, y):
         honest = RROnBins(2 * self.epsilon, self.outputs, self.thresholds, self.num_bins, self.lo, self.hi)
-        return honest.sample(key, y)
+        return honest.sample_from_uniform(u, y)
 
 
 def halved_laplace(epsilon):
@@ -105,10 +106,15 @@ def test_registered_mechanism_passes(name, epsilon):
     params = fit_example(name, epsilon)  # a mechanism that fails to import or fit fails here, never skipped
     report = audit_mechanism(params, samples=SAMPLES, name=name)
     assert report.exact_pass, report.details["exact"]
+    assert report.realized_pass, report.details["realized"]
     assert report.empirical_pass, report.details["empirical"]
+    assert report.output_grid_pass, report.details["output_grid"]
+    # the grid and the clamp cost (or save) less than 0.1% of the label MSE
+    assert abs(report.details["realized"]["release_mse_change"]) < 1e-3
     assert report.empirical_lower_bound <= epsilon
     if report.pure:
         assert report.exact_max_log_ratio <= epsilon + 1e-9
+        assert report.realized_max_log_ratio <= epsilon + 1e-6
         assert report.delta == 0.0
         if name in TIGHT:
             # the exact check is not vacuous (the maximum is attained) ...
@@ -118,6 +124,7 @@ def test_registered_mechanism_passes(name, epsilon):
     else:
         assert report.delta > 0
         assert report.exact_delta <= report.delta * (1 + 1e-5)
+        assert report.realized_delta <= report.delta
         if name == "gaussian":
             width = params.hi - params.lo
             closed_form = gaussian_delta(params.sigma, epsilon, width)
@@ -222,7 +229,7 @@ def test_cli_reports_a_mechanism_that_cannot_be_fitted(monkeypatch, capsys):
 
     monkeypatch.setattr(audit_module, "fit_example", fail)
     assert audit_module.run(parse(["--mechanism", "laplace", "--samples", "100"])) == 1
-    assert "laplace: could not be audited: RuntimeError: no such solver" in capsys.readouterr().out
+    assert "laplace at epsilon=1: could not be audited: RuntimeError: no such solver" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -253,21 +260,112 @@ def test_audit_mechanism_bad_arguments():
 
 
 def test_output_grid_check_catches_unsnapped_outputs(monkeypatch):
-    """If privatize stopped snapping to the public grid, the audit must fail."""
-    import jax.numpy as jnp
-
-    from rpwjax import audit as audit_module
-    from rpwjax import privatize as privatize_module
-
+    """If the release path stopped snapping to the public grid, the audit must fail."""
     params = audit_module.fit_example("laplace", 1.0)
     ok = audit_module.audit_mechanism(params, samples=20_000)
     assert ok.output_grid_pass and ok.details["output_grid"]["off_grid"] == 0
 
-    def unsnapped(p, key, labels, start=0):
+    def unsnapped(p, secret, labels, start=0):
         with jax.enable_x64(True):
-            return np.asarray(p.sample(key, jnp.asarray(labels, jnp.float64)))
+            return np.asarray(p.sample(secret.key("test"), jnp.asarray(labels, jnp.float64)))
 
-    monkeypatch.setattr(privatize_module, "privatize_array", unsnapped)
+    monkeypatch.setattr(audit_module, "release", unsnapped)
     bad = audit_module.audit_mechanism(params, samples=20_000)
     assert not bad.output_grid_pass and not bad.passed
     assert bad.details["output_grid"]["off_grid"] > 90_000
+
+
+# --------------------------------------------------------------------------- as implemented: realized probabilities
+
+
+def float32_release(params, grid):
+    """The old pipelines' release: float32 uniforms (2^23 of them), float32 arithmetic, snapped to ``grid``."""
+
+    def value_fn(k, y):
+        u = ((k.astype(jnp.float32) + 0.5) * 2.0**-23).astype(jnp.float32)
+        x = params.sample_from_uniform(u, jnp.asarray(y, jnp.float32)).astype(jnp.float64)
+        return jnp.round(x / grid) * grid
+
+    return value_fn, 1 << 23
+
+
+def test_realized_check_catches_a_float32_release():
+    # range [0, 1], eps = 1, zeta = 0.1, labels 0.3 and 0.31: the float32 outputs of one label are not all
+    # reachable from the other, whatever the fine grid 2^-24 does, so no finite epsilon holds
+    params = RPWithPrior(np.float64(1.0), np.float64(0.1), np.float64(0.0), np.float64(1.0), 0.0, 1.0)
+    labels = np.array([0.3, 0.31])
+    value_fn, count = float32_release(params, 2.0**-24)
+    counts = realized.realized_counts(value_fn, count, labels)
+    below = counts["cells"] < 0.3
+    impossible = (counts["counts"][0] > 0) & (counts["counts"][1] == 0) & below
+    share = counts["counts"][0][impossible].sum() / counts["counts"][0][below].sum()
+    assert share > 0.1  # a large share of the outputs under 0.3 cannot occur under 0.31
+    assert realized.max_log_ratio(counts["counts"]) == np.inf
+    report = realized.check(params, labels=labels, value_fn=value_fn, count=count)
+    assert not report["pass"] and report["realized_max_log_ratio"] == np.inf
+    # the shipped release of the same parameters is private as implemented, at the same labels and more
+    shipped = realized.check(params)
+    assert shipped["pass"], shipped["problems"]
+    assert 1.0 - 1e-9 <= shipped["realized_max_log_ratio"] <= 1.0 + 1e-6
+
+
+class LaplaceWideClamp(Laplace):
+    """The shipped sampler, clamped far beyond where 2^52 uniforms resolve the tail (60 scales)."""
+
+    def release_spec(self):
+        spec = super().release_spec()
+        h, margin = spec["grid"], 60 * float(self.scale)
+        return {"grid": h, "low": np.ceil((self.lo - margin) / h) * h, "high": np.floor((self.hi + margin) / h) * h}
+
+
+def test_realized_check_catches_a_clamp_beyond_the_resolution_of_the_uniform():
+    honest = fit_example("laplace", 1.0)
+    assert realized.check(honest)["pass"]
+    wide = LaplaceWideClamp(honest.epsilon, honest.scale, honest.lo, honest.hi)
+    report = realized.check(wide)
+    assert not report["pass"] and report["realized_max_log_ratio"] == np.inf
+
+
+def test_realized_check_catches_a_sampler_that_is_not_monotone():
+    class Shuffled(Laplace):
+        def sample_from_uniform(self, u, y):
+            return super().sample_from_uniform(jnp.mod(u + 0.5, 1.0), y)
+
+    honest = fit_example("laplace", 1.0)
+    report = realized.check(Shuffled(honest.epsilon, honest.scale, honest.lo, honest.hi))
+    assert not report["pass"]
+    assert any("not monotone" in p for p in report["problems"])
+
+
+def test_key_space_check_catches_a_32_bit_key():
+    assert realized.key_space_check()["pass"]
+
+    def integer_seed(material, block):  # the old path: an integer seed through jax.random.PRNGKey (32 bits kept)
+        return np.asarray(jax.random.key_data(jax.random.PRNGKey(int.from_bytes(material, "big") % 2**62 + block)))
+
+    report = realized.key_space_check(integer_seed)
+    assert not report["pass"]
+    assert any("do not reach the key" in p for p in report["problems"])
+
+
+def test_cli_json_one_object_per_mechanism_and_epsilon(capsys):
+    import json
+
+    code = audit_module.run(parse(["--mechanism", "staircase", "--epsilon", "0.5", "2", "--samples", "20000", "--json"]))
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 0
+    assert [(r["mechanism"], r["epsilon"]) for r in lines] == [("staircase", 0.5), ("staircase", 2.0)]
+    for r in lines:
+        for field in ("mechanism", "epsilon", "delta", "exact_max_log_ratio", "realized_max_log_ratio", "pass"):
+            assert field in r
+        assert r["pass"] is True and r["key_check_pass"] is True
+        assert r["epsilon"] - 1e-9 <= r["realized_max_log_ratio"] <= r["epsilon"] + 1e-6
+
+
+def test_cli_json_fails_on_broken_mechanism(monkeypatch, capsys):
+    import json
+
+    monkeypatch.setattr(audit_module, "fit_example", lambda name, epsilon: halved_laplace(epsilon))
+    assert audit_module.run(parse(["--mechanism", "laplace", "--samples", "20000", "--json"])) == 1
+    (line,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert line["pass"] is False and line["realized_max_log_ratio"] > 1.9

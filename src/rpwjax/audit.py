@@ -94,9 +94,11 @@ import numpy as np
 from jax import lax
 from scipy import stats
 
-from . import api
+from . import api, realized
 from .base import Mechanism
 from .errors import InputError, check_choice, check_epsilon
+from .keys import Secret
+from .release import release, sidecar_fields
 
 RATIO_TOLERANCE = 1e-9  # pass iff max log ratio <= ε + this
 DELTA_RELATIVE_TOLERANCE = 1e-5  # quadrature slack on δ(ε) for (ε, δ) mechanisms
@@ -142,10 +144,40 @@ class AuditReport:
     empirical_pass: bool
     details: dict[str, Any]
     output_grid_pass: bool = True
+    realized_max_log_ratio: float = float("nan")
+    realized_delta: float = float("nan")
+    realized_pass: bool = True
 
     @property
     def passed(self) -> bool:
-        return self.exact_pass and self.empirical_pass and self.output_grid_pass
+        return self.exact_pass and self.empirical_pass and self.output_grid_pass and self.realized_pass
+
+    def to_json(self) -> dict:
+        """One JSON object (``rpwjax audit --json``)."""
+        real = self.details.get("realized", {})
+        finite = lambda v: v if math.isfinite(v) else str(v)  # noqa: E731 - JSON has no inf
+        return {
+            "mechanism": self.mechanism,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "guarantee": self.guarantee,
+            "exact_max_log_ratio": finite(self.exact_max_log_ratio),
+            "exact_delta": finite(self.exact_delta),
+            "exact_pass": self.exact_pass,
+            "realized_max_log_ratio": finite(self.realized_max_log_ratio),
+            "realized_delta": finite(self.realized_delta),
+            "realized_pass": self.realized_pass,
+            "output_grid": real.get("output_grid"),
+            "output_range": real.get("output_range"),
+            "fewest_uniforms_in_a_cell": real.get("fewest_uniforms_in_a_cell"),
+            "release_mse_change": real.get("release_mse_change"),
+            "empirical_lower_bound": self.empirical_lower_bound,
+            "empirical_pass": self.empirical_pass,
+            "output_grid_pass": self.output_grid_pass,
+            "pass": self.passed,
+            "problems": [f"{stage}: {p}" for stage in ("exact", "realized", "empirical", "output_grid")
+                         for p in self.details.get(stage, {}).get("problems", [])],
+        }
 
     @property
     def guarantee(self) -> str:
@@ -446,12 +478,12 @@ def _empirical(params, exact, labels, samples, seed, bins, confidence):
     pair = exact["pair"]
     ys = [float(labels[i]) for i in pair]
     edges, claimed, info = _bins(params, exact, pair, labels, bins)
-    sampler = jax.jit(params.sample)
-    base_key = jax.random.key(seed)
+    base = Secret.from_seed(seed).child("empirical-audit")
     counts, off_support, not_finite = [], 0, 0
     table = jax.jit(lambda yt, y: params.log_density(yt, y))
     for j, y in enumerate(ys):
-        draws = sampler(jax.random.fold_in(base_key, j), jnp.full((samples,), y, jnp.float64))
+        # the shipped release path, as privatize runs it (grid, clamp, derived keys)
+        draws = jnp.asarray(release(params, base.child("label", j), np.full(samples, y)))
         finite = np.isfinite(np.asarray(draws))
         not_finite += int((~finite).sum())
         draws_np = np.asarray(draws, np.float64)
@@ -559,6 +591,7 @@ def audit_mechanism(
         labels = label_grid(params, label_grid_size)
         exact = _exact(params, labels, grid_size, seed)
         lower_bound, empirical_pass, empirical_info = _empirical(params, exact, labels, samples, seed, bins, confidence)
+    real = realized.check(params)
     grid_pass, grid_info = _output_grid_check(params, seed)
     return AuditReport(
         mechanism=name or params.name,
@@ -570,33 +603,41 @@ def audit_mechanism(
         exact_pass=exact["pass"],
         empirical_lower_bound=lower_bound,
         empirical_pass=empirical_pass,
-        details={"exact": exact["info"], "empirical": empirical_info, "output_grid": grid_info, "confidence": confidence},
+        details={"exact": exact["info"], "empirical": empirical_info, "output_grid": grid_info, "confidence": confidence,
+                 "realized": dict(real["info"], problems=real["problems"])},
         output_grid_pass=grid_pass,
+        realized_max_log_ratio=real["realized_max_log_ratio"],
+        realized_delta=real["realized_delta"],
+        realized_pass=real["pass"],
     )
 
 
 def _output_grid_check(params: Mechanism, seed: int) -> tuple[bool, dict]:
-    """What ``privatize`` writes for a continuous mechanism lies on the public grid of its sidecar.
+    """What the release path writes lies in the sidecar's ``output_range`` and, if continuous, on ``output_grid``.
 
     Every released value must be an exact multiple of ``output_grid`` (so its
-    low-order bits are zero whatever the label was), and the grid must be fine
-    enough not to collapse the distribution (many distinct outputs).
+    low-order bits are zero whatever the label was) and inside
+    ``output_range``; the grid must be fine enough not to collapse the
+    distribution (many distinct outputs).
     """
-    from .privatize import output_grid, privatize_array
-
-    step = output_grid(params)
-    info: dict[str, Any] = {"step": step, "problems": []}
+    fields = sidecar_fields(params)
+    step, (a, b) = fields["output_grid"], fields["output_range"]
+    info: dict[str, Any] = {"step": step, "output_range": [a, b], "problems": []}
+    labels = np.linspace(params.lo, params.hi, 100_000)
+    out = release(params, Secret.from_seed(seed).child("grid-audit"), labels)
+    outside = int(np.count_nonzero((out < a) | (out > b)))
+    info.update(outside_range=outside)
+    if outside:
+        info["problems"].append(f"{outside} released values lie outside output_range=[{a!r}, {b!r}]")
     if step is None:
         info["note"] = "discrete outputs: released values are the mechanism's own output values"
-        return True, info
-    labels = np.linspace(params.lo, params.hi, 100_000)
-    out = privatize_array(params, jax.random.key(seed), labels)
+        return not info["problems"], info
     off_grid = int(np.count_nonzero(np.round(out / step) * step != out))
     distinct = int(np.unique(out).size)
     info.update(off_grid=off_grid, distinct_outputs=distinct)
     if off_grid:
         info["problems"].append(f"{off_grid} released values are not multiples of output_grid={step!r}")
-    if distinct < 1000:
+    if distinct < 100:
         info["problems"].append(f"only {distinct} distinct outputs among 100000: the grid collapses the distribution")
     return not info["problems"], info
 
@@ -631,23 +672,23 @@ def _names(names) -> list[str]:
 
 def audit(
     names: str | Sequence[str] = "all",
-    epsilon: float = DEFAULT_EPSILON,
+    epsilon=DEFAULT_EPSILON,
     samples: int = DEFAULT_SAMPLES,
     seed: int = 0,
     **options,
 ) -> list[AuditReport]:
-    """Fit each named mechanism (``"all"``: every registered one) at ``epsilon`` and audit it.
+    """Fit each named mechanism (``"all"``: every registered one) at each ``epsilon`` and audit it.
 
     Every mechanism is fitted with :func:`rpwjax.api.fit` on :func:`example_labels`
-    over [0, 1]; ``options`` go to :func:`audit_mechanism`.
+    over [0, 1]; ``options`` go to :func:`audit_mechanism`. Reports are ordered
+    by mechanism, then ε.
     """
-    eps = check_epsilon(epsilon)
-    if eps.ndim != 0:
-        raise InputError(f"audit takes one epsilon, got epsilon={epsilon!r}")
+    eps = np.atleast_1d(check_epsilon(epsilon))
     samples = _check_count(samples, "samples")
     seed = _check_count(seed, "seed", 0)
     return [
-        audit_mechanism(fit_example(n, float(eps)), samples=samples, seed=seed, name=n, **options) for n in _names(names)
+        audit_mechanism(fit_example(n, float(e)), samples=samples, seed=seed, name=n, **options)
+        for n in _names(names) for e in eps
     ]
 
 
@@ -658,36 +699,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``rpwjax audit``."""
     parser.add_argument("--mechanism", default="all", help="mechanism to audit, or 'all' (default)")
     parser.add_argument(
-        "--epsilon", type=float, default=DEFAULT_EPSILON, help=f"epsilon to fit and audit (default {DEFAULT_EPSILON:g})"
+        "--epsilon", type=float, nargs="+", default=[DEFAULT_EPSILON],
+        help=f"one or more epsilons to fit and audit (default {DEFAULT_EPSILON:g})"
     )
     parser.add_argument(
         "--samples", type=int, default=DEFAULT_SAMPLES, help=f"outputs sampled per label (default {DEFAULT_SAMPLES})"
     )
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0; the audit has nothing to hide)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object per (mechanism, epsilon), one per line")
 
 
 def format_table(reports: Sequence[AuditReport]) -> str:
-    """The audit table: one row per mechanism."""
+    """The audit table: one row per (mechanism, ε)."""
     head = (
-        "mechanism", "guarantee", "claimed eps", "delta", "exact max log ratio", "pass", "empirical eps lower bound", "pass"
+        "mechanism", "guarantee", "claimed eps", "delta", "exact (ideal density)", "realized (as shipped)",
+        "empirical eps lower bound", "grid", "release MSE change", "pass",
     )
     rows = []
     for r in reports:
+        real = r.details.get("realized", {})
         if r.pure:
             exact = f"{r.exact_max_log_ratio:.9f}"
+            shipped = f"{r.realized_max_log_ratio:.9f}"
         else:
-            # the ratio of an (ε, δ) mechanism is unbounded: its exact check is δ(ε) <= δ
-            exact = f"(eps, delta): delta(eps)={r.exact_delta:.7g}"
+            # the ratio of an (ε, δ) mechanism is unbounded: its checks are δ(ε) <= δ
+            exact = f"delta(eps)={r.exact_delta:.7g}"
+            shipped = f"delta(eps)={r.realized_delta:.7g}"
+        change = real.get("release_mse_change")
         rows.append(
             (
                 r.mechanism,
                 r.guarantee,
                 f"{r.epsilon:g}",
                 f"{r.delta:g}",
-                exact,
-                "yes" if r.exact_pass else "NO",
-                f"{r.empirical_lower_bound:.4f}",
-                "yes" if r.empirical_pass else "NO",
+                exact + ("" if r.exact_pass else " NO"),
+                shipped + ("" if r.realized_pass else " NO"),
+                f"{r.empirical_lower_bound:.4f}" + ("" if r.empirical_pass else " NO"),
+                "none" if real.get("output_grid") is None else f"{real['output_grid']:.6g}",
+                "-" if change is None else f"{100 * change:+.4f}%",
+                "yes" if r.passed else "NO",
             )
         )
     widths = [max(len(str(row[i])) for row in [head, *rows]) for i in range(len(head))]
@@ -696,40 +746,58 @@ def format_table(reports: Sequence[AuditReport]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``rpwjax audit``: print the table and every problem found; 0 iff every check of every mechanism passes.
+    """``rpwjax audit``: print the table (or JSON lines) and every problem; 0 iff every check passes.
 
     Bad arguments raise :class:`~rpwjax.errors.InputError`. A mechanism that
     cannot be fitted or audited (e.g. its module fails to import) is reported
-    and makes the exit code 1; the others are still audited.
+    and makes the exit code 1; the others are still audited. The key
+    derivation is checked once (:func:`rpwjax.realized.key_space_check`).
     """
-    eps = check_epsilon(args.epsilon)
-    if eps.ndim != 0:
-        raise InputError(f"audit takes one epsilon, got epsilon={args.epsilon!r}")
+    import json
+
+    eps = np.atleast_1d(check_epsilon(args.epsilon))
     samples = _check_count(args.samples, "samples")
     seed = _check_count(getattr(args, "seed", 0), "seed", 0)
     names = _names(args.mechanism)
+    keys = realized.key_space_check()
     reports, broken = [], []
     for name in names:
-        try:
-            reports += audit([name], float(eps), samples, seed)
-        except Exception as err:  # noqa: BLE001 - the arguments are valid: this mechanism is broken, not the call
-            broken.append(f"{name}: could not be audited: {type(err).__name__}: {err}")
-    if reports:
-        print(format_table(reports))
-    print(
-        f"\nexact: max log density ratio over a grid of labels and outputs, pass iff <= eps + {RATIO_TOLERANCE:g}; "
-        f"(eps, delta)-DP mechanisms: delta(eps) of the privacy-loss profile <= delta."
-        f"\nempirical: {samples} samples at each of two labels, Clopper-Pearson + Bonferroni lower bound on eps "
-        f"at {DEFAULT_CONFIDENCE:.1%} confidence (for (eps, delta)-DP: from P(S|y) <= e^eps P(S|y') + delta), "
-        f"fail iff > claimed eps."
-        f"\noutput grid: values written by privatize are exact multiples of the public output_grid "
-        f"(continuous mechanisms): "
-        + ", ".join(f"{r.mechanism} {'yes' if r.output_grid_pass else 'NO'}" for r in reports)
-    )
-    for r in reports:
-        for stage in ("exact", "empirical", "output_grid"):
-            for problem in r.details[stage].get("problems", []):
-                print(f"{r.mechanism}: {stage}: {problem}")
-    for line in broken:
-        print(line)
-    return 0 if reports and not broken and all(r.passed for r in reports) else 1
+        for e in eps:
+            try:
+                reports += audit([name], float(e), samples, seed)
+            except Exception as err:  # noqa: BLE001 - the arguments are valid: this mechanism is broken, not the call
+                broken.append(f"{name} at epsilon={e:g}: could not be audited: {type(err).__name__}: {err}")
+    if getattr(args, "json", False):
+        for r in reports:
+            obj = r.to_json()
+            obj["key_check_pass"] = keys["pass"]
+            obj["pass"] = obj["pass"] and keys["pass"]
+            print(json.dumps(obj))
+        for line in broken:
+            print(json.dumps({"error": line, "pass": False}))
+    else:
+        if reports:
+            print(format_table(reports))
+        print(
+            f"\nexact: max log density ratio of the ideal density over a grid of labels and outputs, pass iff <= "
+            f"eps + {RATIO_TOLERANCE:g}; (eps, delta)-DP mechanisms: delta(eps) of the privacy-loss profile <= delta."
+            f"\nrealized: the exact probability of every value the release path can emit (2^52 uniforms, bisection "
+            f"on the monotone sampler), max log ratio over labels, pass iff <= eps + {realized.REALIZED_TOLERANCE:g} "
+            f"(Gaussian: realized delta <= delta)."
+            f"\nempirical: {samples} released samples at each of two labels, Clopper-Pearson + Bonferroni lower bound "
+            f"on eps at {DEFAULT_CONFIDENCE:.1%} confidence, fail iff > claimed eps."
+            f"\ngrid: the public output grid (none: discrete outputs); every released value lies on it and in the "
+            f"sidecar's output_range. release MSE change: label MSE of the release against the ideal mechanism."
+            f"\nkeys: {keys['key_bits']}-bit block keys, every secret bit reaches them: "
+            f"{'yes' if keys['pass'] else 'NO'}"
+        )
+        for r in reports:
+            for stage in ("exact", "realized", "empirical", "output_grid"):
+                for problem in r.details[stage].get("problems", []):
+                    print(f"{r.mechanism} (epsilon={r.epsilon:g}): {stage}: {problem}")
+        for problem in keys["problems"]:
+            print(f"keys: {problem}")
+        for line in broken:
+            print(line)
+    ok = reports and not broken and keys["pass"] and all(r.passed for r in reports)
+    return 0 if ok else 1

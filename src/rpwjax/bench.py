@@ -11,9 +11,11 @@ median(baseline)`` from the same group of the same run.
 
 Families and what they measure (sizes per plan in :data:`PLANS`):
 
-* ``sampling`` (size: labels n): ``params.sample(key, y)`` for every
-  registered mechanism, jit-compiled, float32 labels, against the floor
-  ``jax.random.uniform`` of the same n (a one-draw sampler cannot beat it).
+* ``sampling`` (size: labels n): the release path
+  (:func:`rpwjax.release.release`: float64, grid, clamp, hash-derived block
+  keys, host array in and out) for every registered mechanism, against the
+  floor ``jax.random.uniform`` of n float64 values on the device (a one-draw
+  sampler cannot beat it).
 * ``search-labels`` (size: labels): the exact interval search
   (``fit_rpwithprior`` with a fixed ζ, one ε) on an empirical prior of
   continuous labels (every label distinct) and of Criteo-shaped zero-inflated
@@ -139,9 +141,9 @@ PLANS = {
 # Targets of the project's issue. "metric" is read from the case at "size";
 # "speedup" is 1 / ratio. "prior_labels" (ε-grid family) must match the plan.
 TARGETS = (
-    dict(name="rpwithprior_sampling_vs_uniform_floor", family="sampling", case="sample/rpwithprior",
-         size=10**7, metric="ratio", op="<=", threshold=1.3,
-         description="RPWithPrior sampling at n = 1e7 (float32) / jax.random.uniform of the same n"),
+    dict(name="rpwithprior_release_vs_uniform_floor", family="sampling", case="release/rpwithprior",
+         size=10**7, metric="ratio", op="<=", threshold=2.0,
+         description="RPWithPrior release of 1e7 float64 labels / jax.random.uniform of 1e7 float64"),
     dict(name="interval_search_per_epsilon_continuous", family="search-labels", case="search/continuous",
          size=1_300_000, metric="median_s", op="<=", threshold=0.3,
          description="exact interval search, 1.3e6-label empirical prior (all distinct), one ε, seconds"),
@@ -260,56 +262,50 @@ def clear_caches(everything: bool = True):
 
 
 @functools.lru_cache(maxsize=None)
-def sampling_labels(n: int, seed: int = 0):
-    """Criteo-shaped float32 labels drawn on the default device (cheap at any n)."""
-    import jax
-    import jax.numpy as jnp
-
-    k_zero, k_amount = jax.random.split(jax.random.key(seed))
-    zero = jax.random.bernoulli(k_zero, 0.097, (int(n),))
-    amount = jnp.exp(4.2 + jax.random.normal(k_amount, (int(n),), jnp.float32))
-    return _block(jnp.where(zero, 0.0, jnp.minimum(amount, 400.0)).astype(jnp.float32))
+def sampling_labels(n: int, seed: int = 0) -> np.ndarray:
+    """Criteo-shaped float64 labels in host memory (what a release is given)."""
+    rng = np.random.default_rng(seed)
+    zero = rng.random(int(n)) < 0.097
+    amount = np.exp(4.2 + rng.standard_normal(int(n)))
+    return np.where(zero, 0.0, np.minimum(amount, 400.0))
 
 
 @functools.lru_cache(maxsize=None)
 def _sampler_params(mechanism: str):
-    """Parameters (ε = 1) of ``mechanism`` fitted to a small Criteo-shaped prior, as float32 device arrays."""
-    import jax
-    import jax.numpy as jnp
-
+    """Parameters (ε = 1) of ``mechanism`` fitted to a small Criteo-shaped prior (float64)."""
     from .api import _entry
 
     prior = support_prior(SAMPLER_SUPPORT)
     # a fixed ζ skips the auto-ζ search: the sampler's cost does not depend on ζ
     options = {"zeta": SEARCH_ZETA_FRACTION * (prior.hi - prior.lo)} if mechanism == "rpwithprior" else {}
     params, _ = _entry(mechanism)[0](prior, SEARCH_EPSILON, **options)
-
-    def to_device(leaf):
-        arr = np.asarray(leaf)
-        return jnp.asarray(arr, jnp.float32) if np.issubdtype(arr.dtype, np.floating) else jnp.asarray(arr)
-
-    return jax.tree_util.tree_map(to_device, params)
+    return params
 
 
 def sampler_thunk(mechanism: str, n: int):
-    """Timed call: ``mechanism``'s sampler on n float32 labels (jit, warm after one call)."""
-    import jax
+    """Timed call: the release path for ``mechanism`` on n float64 labels (compiled after one call)."""
+    from .keys import Secret
+    from .release import release
 
     params = _sampler_params(mechanism)
     y = sampling_labels(n)
-    key = jax.random.key(1)
-    fn = jax.jit(lambda p, k, labels: p.sample(k, labels))
-    return lambda: fn(params, key, y).block_until_ready()
+    secret = Secret.from_seed(1)
+    return lambda: release(params, secret, y)
 
 
 def uniform_thunk(n: int):
-    """The floor: ``jax.random.uniform`` of n float32 values."""
+    """The floor: ``jax.random.uniform`` of n float64 values (x64 on, result on the device)."""
     import jax
     import jax.numpy as jnp
 
-    key = jax.random.key(1)
-    fn = jax.jit(lambda k: jax.random.uniform(k, (int(n),), jnp.float32))
-    return lambda: fn(key).block_until_ready()
+    def call():
+        with jax.enable_x64(True):
+            return fn(key).block_until_ready()
+
+    with jax.enable_x64(True):
+        key = jax.random.key(1)
+        fn = jax.jit(lambda k: jax.random.uniform(k, (int(n),), jnp.float64))
+    return call
 
 
 def search_thunk(prior, epsilons, objective: str = "neighborhood"):
@@ -437,23 +433,22 @@ def _privatize_params(rows: int, cache_dir: str):
     first = next(pq.ParquetFile(path).iter_batches(batch_size=100_000, columns=[PRIVATIZE_LABEL]))
     labels = first.column(0).to_numpy()
     zeta = SEARCH_ZETA_FRACTION * (CRITEO_RANGE[1] - CRITEO_RANGE[0])
-    result = fit("rpwithprior", labels, range=CRITEO_RANGE, epsilon=SEARCH_EPSILON, zeta=zeta)
+    result = fit("rpwithprior", labels, range=CRITEO_RANGE, epsilon=SEARCH_EPSILON, zeta=zeta, prior="private", seed=0)
     return result.params, result.records()[0]
 
 
 def privatize_thunk(rows: int, cache_dir):
-    import jax
-
+    from .keys import Secret
     from .privatize import privatize_file
 
     src = parquet_file(rows, cache_dir)
     params, record = _privatize_params(int(rows), str(cache_dir))
     dst = Path(cache_dir) / f"out-privatize-{os.getpid()}.parquet"
-    key = jax.random.key(7)
+    secret = Secret.from_seed(7)
 
     def call():
         return privatize_file(
-            src, dst, label_column=PRIVATIZE_LABEL, params=params, key=key, record=record,
+            src, dst, label_column=PRIVATIZE_LABEL, params=params, secret=secret, record=record,
             chunk_rows=PRIVATIZE_CHUNK_ROWS, progress=False,
         )
 
@@ -493,8 +488,8 @@ def build_groups(plan: Plan, cache_dir, families=None) -> list[Group]:
         members = [Member("sampling", "uniform-floor", n, "labels", functools.partial(uniform_thunk, n))]
         for name in mechanism_names():
             members.append(
-                Member("sampling", f"sample/{name}", n, "labels", functools.partial(sampler_thunk, name, n),
-                       baseline="uniform-floor", meta={"mechanism": name, "dtype": "float32"})
+                Member("sampling", f"release/{name}", n, "labels", functools.partial(sampler_thunk, name, n),
+                       baseline="uniform-floor", meta={"mechanism": name, "dtype": "float64"})
             )
         add("sampling", n, members)
 

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import release as _release
+from .release import UNIFORM_COUNT, released_values, sidecar_fields, spec, uniform_from_index
 from .base import Mechanism
 
 REALIZED_TOLERANCE = 1e-6
@@ -52,17 +52,17 @@ MAX_ENUMERATION = 1 << 25  # value_fn with at most this many uniforms may be enu
 
 def shipped_value_fn(params: Mechanism):
     """(value_fn(k, y), N, cells) of the shipped release of ``params``."""
-    s = _release.spec(params)
+    s = spec(params)
     grid, low, high = s["grid"], float(np.min(s["low"])), float(np.max(s["high"]))
 
     def value_fn(k, y):
-        return _release.released_values(params, grid, s["low"], s["high"], _release.uniform_from_index(k), y)
+        return released_values(params, grid, s["low"], s["high"], uniform_from_index(k), y)
 
     if grid is None:
         cells = np.unique(np.asarray(params.outputs, np.float64))
     else:
         cells = np.arange(round(low / grid), round(high / grid) + 1, dtype=np.float64) * grid
-    return value_fn, _release.UNIFORM_COUNT, cells
+    return value_fn, UNIFORM_COUNT, cells
 
 
 def audit_labels(params: Mechanism, grid_size: int = 17, seed: int = 0) -> np.ndarray:
@@ -172,7 +172,7 @@ def check(params: Mechanism, *, labels=None, value_fn=None, count=None, cells=No
     info: dict[str, Any] = {}
     if value_fn is None:
         value_fn, count, cells = shipped_value_fn(params)
-        info.update(_release.sidecar_fields(params))
+        info.update(sidecar_fields(params))
     result = realized_counts(value_fn, count, labels, cells)
     counts, cells = result["counts"], result["cells"]
     ratio = max_log_ratio(counts)
@@ -200,3 +200,31 @@ def check(params: Mechanism, *, labels=None, value_fn=None, count=None, cells=No
         "problems": problems,
         "info": info,
     }
+
+
+def key_space_check(derive: Callable[[bytes, int], np.ndarray] | None = None) -> dict[str, Any]:
+    """Every bit of the secret reaches every block key, and blocks get different keys.
+
+    ``derive(material, block)`` returns a block's key data (default: the
+    shipped :meth:`rpwjax.keys.Secret.key_data` for purpose ``"labels"``).
+    Flipping each of the 256 bits of a fixed secret, and moving to the next
+    block, must give 2·257 pairwise different keys; a derivation that keeps
+    only part of the secret (e.g. an integer seed truncated to 32 bits) fails.
+    """
+    from .keys import SECRET_BYTES, Secret
+
+    if derive is None:
+        derive = lambda material, block: Secret(material).key_data("labels", block)  # noqa: E731
+    base = bytes(range(7, 7 + SECRET_BYTES))
+    variants = [base] + [
+        bytes(b ^ (1 << (i % 8)) if j == i // 8 else b for j, b in enumerate(base)) for i in range(8 * SECRET_BYTES)
+    ]
+    keys = {tuple(np.asarray(derive(m, block), np.uint32).ravel().tolist()) for m in variants for block in (0, 1)}
+    bits = 32 * len(next(iter(keys)))
+    problems = []
+    if bits < 64:
+        problems.append(f"block keys have {bits} bits (< 64)")
+    if len(keys) != 2 * len(variants):
+        problems.append(f"only {len(keys)} distinct keys for {2 * len(variants)} (secret, block) pairs: "
+                        "some secret bits do not reach the key")
+    return {"pass": not problems, "key_bits": bits, "distinct_keys": len(keys), "problems": problems}
