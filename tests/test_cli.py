@@ -1,4 +1,8 @@
-"""The command line contract (SPEC section 6): fit, privatize, errors, no partial output."""
+"""The command line contract (SPEC section 6): fit, privatize, errors, no partial output.
+
+Reproducible runs use key files from ``rpwjax keygen`` (``--key-file``); runs whose
+randomness does not matter to the test use fresh OS entropy (no key option).
+"""
 
 import json
 import subprocess
@@ -22,6 +26,8 @@ def run(argv, capsys):
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("data")
+    assert cli.main(["keygen", "-o", str(d / "key")]) == 0
+    assert cli.main(["keygen", "-o", str(d / "other-key")]) == 0
     rng = np.random.default_rng(0)
     n = 5000
     table = pa.table({
@@ -52,9 +58,12 @@ def test_fit_json_has_the_contract_fields(files, capsys):
 
 def test_fit_reads_text_and_parquet_labels_alike(files, capsys):
     d, _ = files
-    common = ["--range", "0", "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--zeta", "0.05", "--json"]
+    # the default private prior draws histogram noise: the same key file makes both fits draw the same noise
+    common = ["--range", "0", "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--zeta", "0.05", "--json",
+              "--key-file", str(d / "key")]
     _, a, _ = run(["fit", "--labels", str(d / "labels.txt"), *common], capsys)
     _, b, _ = run(["fit", "--labels", str(d / "t.parquet"), "--label-column", "value", *common], capsys)
+    assert json.loads(a)[0]["prior"]["kind"] == "private-histogram"
     ra, rb = json.loads(a)[0]["params"], json.loads(b)[0]["params"]
     assert ra["A1"] == pytest.approx(rb["A1"], abs=1e-12) and ra["A2"] == pytest.approx(rb["A2"], abs=1e-12)
 
@@ -63,7 +72,7 @@ def test_private_prior_reports_split(files, capsys):
     d, _ = files
     code, out, _ = run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
                         "--epsilon", "1", "2", "--prior", "private", "--prior-epsilon", "0.25", "--bins", "20",
-                        "--seed", "4", "--json"], capsys)
+                        "--key-file", str(d / "key"), "--json"], capsys)
     assert code == 0
     for r in json.loads(out):
         assert r["epsilon_prior"] == 0.25 and r["epsilon_mechanism"] == pytest.approx(r["epsilon"] - 0.25)
@@ -79,8 +88,8 @@ def test_privatize_with_saved_params_keeps_rows_columns_and_order(files, tmp_pat
                       "--epsilon", "1", "--save", str(params)], capsys)
     assert code == 0
     out = tmp_path / f"o.{fmt}"
-    code, _, err = run(["privatize", str(d / f"t.{fmt}"), "-o", str(out), "--label-column", "value", "--seed", "7",
-                        "--params", str(params), "--quiet"], capsys)
+    code, _, err = run(["privatize", str(d / f"t.{fmt}"), "-o", str(out), "--label-column", "value",
+                        "--key-file", str(d / "key"), "--params", str(params), "--quiet"], capsys)
     assert code == 0, err
     got = pq.read_table(out) if fmt == "parquet" else pacsv.read_csv(out)
     assert got.column_names == table.column_names
@@ -94,9 +103,14 @@ def test_privatize_with_saved_params_keeps_rows_columns_and_order(files, tmp_pat
     lo_support = rec["params"]["A1"] - rec["params"]["zeta"]
     hi_support = rec["params"]["A2"] + rec["params"]["zeta"]
     assert noisy.min() >= lo_support - 1e-12 and noisy.max() <= hi_support + 1e-12
-    side = json.loads((tmp_path / f"o.{fmt}.json").read_text())
+    side_text = (tmp_path / f"o.{fmt}.json").read_text()
+    side = json.loads(side_text)
     assert side["rows"] == table.num_rows and side["params"] == rec["params"]
-    assert "seed" not in json.dumps(side)  # the secret seed never reaches the sidecar
+    key_hex = (d / "key").read_text().strip()
+    assert key_hex not in side_text and key_hex.upper() not in side_text  # the secret never reaches the sidecar
+    assert side["reproducible_seed"] is False
+    a, b = side["output_range"]
+    assert a <= noisy.min() and noisy.max() <= b
     step = side["output_grid"]
     assert step > 0 and np.log2(step) == np.round(np.log2(step))  # a power of two
     np.testing.assert_array_equal(np.round(noisy / step) * step, noisy)  # low bits carry nothing
@@ -107,7 +121,8 @@ def test_privatize_is_independent_of_chunk_size_and_reproducible(files, tmp_path
     outs = []
     for chunk in (5000, 777, 65536):
         out = tmp_path / f"o{chunk}.parquet"
-        code, _, err = run(["privatize", str(d / "t.parquet"), "-o", str(out), "--label-column", "value", "--seed", "11",
+        code, _, err = run(["privatize", str(d / "t.parquet"), "-o", str(out), "--label-column", "value",
+                            "--key-file", str(d / "key"),
                             "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--zeta", "0.05",
                             "--chunk-rows", str(chunk), "--quiet"], capsys)
         assert code == 0, err
@@ -115,8 +130,9 @@ def test_privatize_is_independent_of_chunk_size_and_reproducible(files, tmp_path
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
     other = tmp_path / "other.parquet"
-    run(["privatize", str(d / "t.parquet"), "-o", str(other), "--label-column", "value", "--seed", "12",
-         "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--zeta", "0.05", "--quiet"], capsys)
+    assert run(["privatize", str(d / "t.parquet"), "-o", str(other), "--label-column", "value",
+                "--key-file", str(d / "other-key"), "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1",
+                "--zeta", "0.05", "--quiet"], capsys)[0] == 0
     assert not np.array_equal(pq.read_table(other).column("value").to_numpy(), outs[0])
 
 
@@ -143,8 +159,7 @@ def _bad_table(tmp_path, values, fmt="csv"):
 def test_privatize_bad_input_fails_cleanly_with_no_output(tmp_path, capsys, values, extra, message):
     src = _bad_table(tmp_path, values)
     out = tmp_path / "out.csv"
-    argv = ["privatize", str(src), "-o", str(out), "--label-column", "value", "--seed", "1", "--mechanism", "rpwithprior",
-            "--quiet"]
+    argv = ["privatize", str(src), "-o", str(out), "--label-column", "value", "--mechanism", "rpwithprior", "--quiet"]
     defaults = {"--epsilon": ["1"], "--range": ["0", "1"]}
     for flag, val in defaults.items():
         if flag not in extra:
@@ -159,7 +174,7 @@ def test_privatize_bad_input_fails_cleanly_with_no_output(tmp_path, capsys, valu
 def test_nan_in_parquet_is_named(tmp_path, capsys):
     src = _bad_table(tmp_path, [0.1, float("nan")], "parquet")
     out = tmp_path / "o.parquet"
-    code, _, err = run(["privatize", str(src), "-o", str(out), "--label-column", "value", "--seed", "1",
+    code, _, err = run(["privatize", str(src), "-o", str(out), "--label-column", "value",
                         "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--quiet"], capsys)
     assert code != 0 and "labels[1]=nan" in err and not out.exists()
 
@@ -172,7 +187,7 @@ def test_bad_value_in_a_late_chunk_leaves_no_output(tmp_path, capsys, files):
     values = list(np.linspace(0, 1, 3000)) + [2.0]
     src = _bad_table(tmp_path, values, "parquet")
     out = tmp_path / "out.parquet"
-    code, _, err = run(["privatize", str(src), "-o", str(out), "--label-column", "value", "--seed", "1",
+    code, _, err = run(["privatize", str(src), "-o", str(out), "--label-column", "value",
                         "--params", str(params), "--chunk-rows", "1000", "--quiet"], capsys)
     assert code != 0 and "row 3000" in err and "labels[0]=2.0" in err
     assert not out.exists()
@@ -184,16 +199,21 @@ def test_missing_label_column_and_missing_file(files, tmp_path, capsys):
                         "--mechanism", "rpwithprior", "--epsilon", "1"], capsys)
     assert code != 0 and "'nope' not found" in err
     code, _, err = run(["privatize", str(tmp_path / "none.csv"), "-o", str(tmp_path / "o.csv"), "--label-column", "v",
-                        "--seed", "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1"], capsys)
+                        "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1"], capsys)
     assert code != 0 and "not found" in err and not (tmp_path / "o.csv").exists()
 
 
 def test_clip_flag_clips_instead_of_refusing(tmp_path, capsys):
     src = _bad_table(tmp_path, [0.1, 0.2, 7.0])
     out = tmp_path / "o.csv"
-    code, _, err = run(["privatize", str(src), "-o", str(out), "--label-column", "value", "--seed", "1",
+    code, _, err = run(["privatize", str(src), "-o", str(out), "--label-column", "value",
                         "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--clip", "--quiet"], capsys)
-    assert code == 0, err and out.exists()
+    assert code == 0, err
+    assert out.exists() and pacsv.read_csv(out).num_rows == 3
+    # without --clip the same file is refused
+    code, _, err = run(["privatize", str(src), "-o", str(tmp_path / "refused.csv"), "--label-column", "value",
+                        "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--quiet"], capsys)
+    assert code != 0 and "labels[2]=7.0" in err and not (tmp_path / "refused.csv").exists()
 
 
 def test_save_needs_exactly_one_epsilon(files, tmp_path, capsys):
@@ -208,7 +228,7 @@ def test_params_file_must_be_a_fit_record(tmp_path, capsys, files):
     bad = tmp_path / "p.json"
     bad.write_text(json.dumps({"hello": 1}))
     code, _, err = run(["privatize", str(d / "t.csv"), "-o", str(tmp_path / "o.csv"), "--label-column", "value",
-                        "--seed", "1", "--params", str(bad)], capsys)
+                        "--params", str(bad)], capsys)
     assert code != 0 and "not an rpwjax fit record" in err
 
 
@@ -226,15 +246,15 @@ def test_shards_with_row_offsets_match_one_run(files, tmp_path, capsys):
     run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "staircase", "--epsilon", "1",
          "--save", str(params)], capsys)
     whole = tmp_path / "whole.parquet"
-    run(["privatize", str(d / "t.parquet"), "-o", str(whole), "--label-column", "value", "--seed", "4", "--params",
-         str(params), "--quiet"], capsys)
+    assert run(["privatize", str(d / "t.parquet"), "-o", str(whole), "--label-column", "value",
+                "--key-file", str(d / "key"), "--params", str(params), "--quiet"], capsys)[0] == 0
     parts = []
     for i, (lo, hi) in enumerate(((0, 1234), (1234, 5000))):
         shard = tmp_path / f"shard{i}.parquet"
         pq.write_table(table.slice(lo, hi - lo), shard)
         out = tmp_path / f"out{i}.parquet"
-        assert run(["privatize", str(shard), "-o", str(out), "--label-column", "value", "--seed", "4", "--params",
-                    str(params), "--row-offset", str(lo), "--quiet"], capsys)[0] == 0
+        assert run(["privatize", str(shard), "-o", str(out), "--label-column", "value", "--key-file", str(d / "key"),
+                    "--params", str(params), "--row-offset", str(lo), "--quiet"], capsys)[0] == 0
         parts.append(pq.read_table(out).column("value").to_numpy())
     np.testing.assert_array_equal(np.concatenate(parts), pq.read_table(whole).column("value").to_numpy())
 
@@ -243,23 +263,32 @@ def test_privatize_with_posterior_denoising(files, tmp_path, capsys):
     d, table = files
     params = tmp_path / "p.json"
     assert run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
-                "--epsilon", "1", "--prior", "private", "--seed", "2", "--save", str(params)], capsys)[0] == 0
+                "--epsilon", "1", "--prior", "private", "--key-file", str(d / "key"), "--save", str(params)],
+               capsys)[0] == 0
     saved = json.loads(params.read_text())["prior"]
     assert len(saved["masses"]) == 32 and len(saved["edges"]) == 33
     raw, clean = tmp_path / "raw.parquet", tmp_path / "clean.parquet"
     for out, extra in ((raw, []), (clean, ["--denoise", "posterior"])):
-        assert run(["privatize", str(d / "t.parquet"), "-o", str(out), "--label-column", "value", "--seed", "3",
-                    "--params", str(params), "--quiet", *extra], capsys)[0] == 0
+        assert run(["privatize", str(d / "t.parquet"), "-o", str(out), "--label-column", "value",
+                    "--key-file", str(d / "key"), "--params", str(params), "--quiet", *extra], capsys)[0] == 0
     true = table.column("value").to_numpy()
     r = pq.read_table(raw).column("value").to_numpy()
     c = pq.read_table(clean).column("value").to_numpy()
     assert np.mean((c - true) ** 2) < np.mean((r - true) ** 2)
-    assert json.loads((tmp_path / "clean.parquet.json").read_text())["postprocessing"] == "posterior-mean"
+    side = json.loads((tmp_path / "clean.parquet.json").read_text())
+    assert side["postprocessing"] == "posterior-mean"
+    # posterior means are off the release grid but inside the public range the sidecar names
+    assert side["output_grid"] is None
+    assert side["output_range"][0] <= c.min() and c.max() <= side["output_range"][1]
+    assert 0.0 <= c.min() and c.max() <= 1.0
+    raw_side = json.loads((tmp_path / "raw.parquet.json").read_text())
+    assert side["release_grid"] == raw_side["output_grid"] and side["release_range"] == raw_side["output_range"]
     # an empirical prior is never saved, so a saved known-prior fit cannot be denoised later
     known = tmp_path / "known.json"
-    run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior", "--epsilon", "1",
-         "--save", str(known)], capsys)
+    assert run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
+                "--epsilon", "1", "--prior", "empirical", "--save", str(known)], capsys)[0] == 0
     assert "masses" not in json.loads(known.read_text())["prior"]
     code, _, err = run(["privatize", str(d / "t.parquet"), "-o", str(tmp_path / "x.parquet"), "--label-column",
-                        "value", "--seed", "3", "--params", str(known), "--denoise", "posterior", "--quiet"], capsys)
+                        "value", "--prior-is-public", "--params", str(known), "--denoise", "posterior", "--quiet"],
+                       capsys)
     assert code != 0 and "needs the prior" in err and not (tmp_path / "x.parquet").exists()

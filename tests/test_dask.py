@@ -12,6 +12,7 @@ import pandas as pd  # noqa: E402
 
 from rpwjax import api, cli  # noqa: E402
 from rpwjax.dask import privatize_dataframe  # noqa: E402
+from rpwjax.keys import Secret  # noqa: E402
 
 
 def test_local_cluster_equals_single_process(tmp_path, capsys):
@@ -20,10 +21,11 @@ def test_local_cluster_equals_single_process(tmp_path, capsys):
     frame = pd.DataFrame({"id": np.arange(n), "y": rng.beta(2, 5, n), "note": rng.choice(["a", "b"], n)})
     pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp_path / "all.parquet")
     np.savetxt(tmp_path / "train.txt", rng.beta(2, 5, 500))
+    assert cli.main(["keygen", "-o", str(tmp_path / "key")]) == 0
     assert cli.main(["fit", "--labels", str(tmp_path / "train.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
                      "--epsilon", "1", "--save", str(tmp_path / "p.json")]) == 0
     assert cli.main(["privatize", str(tmp_path / "all.parquet"), "-o", str(tmp_path / "one.parquet"), "--label-column",
-                     "y", "--seed", "9", "--params", str(tmp_path / "p.json"), "--quiet"]) == 0
+                     "y", "--key-file", str(tmp_path / "key"), "--params", str(tmp_path / "p.json"), "--quiet"]) == 0
     capsys.readouterr()
     single = pq.read_table(tmp_path / "one.parquet").column("y").to_numpy()
 
@@ -33,7 +35,9 @@ def test_local_cluster_equals_single_process(tmp_path, capsys):
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         with distributed.Client(cluster):
             ddf = dd.from_pandas(frame, npartitions=7)  # uneven partitions, not aligned to blocks
-            out = privatize_dataframe(ddf, label_column="y", params=params, seed=9).compute()
+            # the same key file as the single-process CLI run
+            out = privatize_dataframe(ddf, label_column="y", params=params,
+                                      secret=Secret.from_file(tmp_path / "key")).compute()
     assert list(out.columns) == ["id", "y", "note"]
     np.testing.assert_array_equal(out["id"].to_numpy(), frame["id"].to_numpy())
     np.testing.assert_array_equal(out["y"].to_numpy(), single)
@@ -43,4 +47,11 @@ def test_missing_column_is_named():
     frame = dd.from_pandas(pd.DataFrame({"a": [0.1, 0.2]}), npartitions=1)
     params = api.fit("laplace", [0.1], range=(0, 1), epsilon=1.0).params
     with pytest.raises(api.InputError, match="'y' not found"):
-        privatize_dataframe(frame, label_column="y", params=params, seed=1)
+        privatize_dataframe(frame, label_column="y", params=params, secret=Secret.from_entropy())
+
+
+def test_a_secret_is_required():
+    frame = dd.from_pandas(pd.DataFrame({"y": [0.1, 0.2]}), npartitions=1)
+    params = api.fit("laplace", [0.1], range=(0, 1), epsilon=1.0).params
+    with pytest.raises(api.InputError, match="rpwjax.keys.Secret"):
+        privatize_dataframe(frame, label_column="y", params=params, secret=9)

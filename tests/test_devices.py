@@ -7,12 +7,16 @@ import textwrap
 
 import numpy as np
 
+from rpwjax import cli
+
 SCRIPT = textwrap.dedent(
     """
     import sys, numpy as np, jax, rpwjax
+    secret = rpwjax.Secret.from_file(sys.argv[2])
     y = np.random.default_rng(0).beta(2, 5, 200_003)
-    fit = rpwjax.fit("{mechanism}", y, range=(0, 1), epsilon=1.0)
-    out = rpwjax.privatize_array(fit.params, jax.random.key(3), y[7:], start=7)
+    # the private histogram and the release both draw from the key file's secret
+    fit = rpwjax.fit("{mechanism}", y, range=(0, 1), epsilon=1.0, secret=secret.child("fit"))
+    out = rpwjax.release(fit.params, secret.child("release"), y[7:], start=7)
     np.save(sys.argv[1], out)
     print(jax.device_count())
     """
@@ -22,7 +26,10 @@ SCRIPT = textwrap.dedent(
 def _run(tmp_path, devices, mechanism):
     env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
     target = tmp_path / f"{mechanism}-{devices}.npy"
-    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(mechanism=mechanism), str(target)],
+    key = tmp_path / "key"
+    if not key.exists():
+        assert cli.main(["keygen", "-o", str(key)]) == 0
+    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(mechanism=mechanism), str(target), str(key)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(devices)

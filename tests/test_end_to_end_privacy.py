@@ -53,6 +53,7 @@ def two_ends(tmp_path_factory):
     pq.write_table(pa.table({"row": np.arange(2 * N), "y": labels}), d / "ends.parquet")
     train = np.random.default_rng(1).beta(2, 5, 3000)
     np.savetxt(d / "train.txt", train)
+    assert cli.main(["keygen", "-o", str(d / "key")]) == 0
     return d
 
 
@@ -60,15 +61,20 @@ def two_ends(tmp_path_factory):
 def test_saved_fit_applied_to_range_ends_stays_within_epsilon(two_ends, mechanism, capsys):
     d = two_ends
     params_path = d / f"{mechanism}.json"
+    # the default private prior: its histogram noise, like the release, comes from the key file
     assert cli.main(["fit", "--labels", str(d / "train.txt"), "--range", "0", "1", "--mechanism", mechanism,
-                     "--epsilon", str(EPSILON), "--save", str(params_path)]) == 0
+                     "--epsilon", str(EPSILON), "--key-file", str(d / "key"), "--save", str(params_path)]) == 0
     out = d / f"{mechanism}-out.parquet"
-    assert cli.main(["privatize", str(d / "ends.parquet"), "-o", str(out), "--label-column", "y", "--seed", "5",
-                     "--params", str(params_path), "--quiet", "--chunk-rows", "150000"]) == 0
+    assert cli.main(["privatize", str(d / "ends.parquet"), "-o", str(out), "--label-column", "y",
+                     "--key-file", str(d / "key"), "--params", str(params_path), "--quiet",
+                     "--chunk-rows", "150000"]) == 0
     capsys.readouterr()
     noisy = pq.read_table(out).column("y").to_numpy()
     record = json.loads(params_path.read_text())
+    assert record["epsilon"] == EPSILON  # the total, histogram included
     params, _ = api.load_params(record)
+    side = json.loads((d / f"{mechanism}-out.parquet.json").read_text())
+    assert side["output_range"][0] <= noisy.min() and noisy.max() <= side["output_range"][1]
     at_lo, at_hi = noisy[:N], noisy[N:]
     edges = _bins(noisy, params, params.discrete)
     bound = _empirical_lower_bound(at_lo, at_hi, edges, params.discrete, record["delta"])

@@ -20,9 +20,12 @@ def test_fifty_million_row_parquet_streams_under_one_gigabyte(tmp_path):
             rows = np.arange(g * GROUP, (g + 1) * GROUP, dtype=np.int64)
             writer.write_table(pa.table({"row": rows, "y": (rows % 1000) / 999.0}, schema=schema))
     params = tmp_path / "p.json"
+    key = tmp_path / "key"
     np.savetxt(tmp_path / "train.txt", np.linspace(0, 1, 101))
+    subprocess.run([sys.executable, "-m", "rpwjax.cli", "keygen", "-o", str(key)], check=True, capture_output=True)
     subprocess.run([sys.executable, "-m", "rpwjax.cli", "fit", "--labels", str(tmp_path / "train.txt"), "--range", "0",
-                    "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--zeta", "0.05", "--save", str(params)],
+                    "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--zeta", "0.05", "--key-file", str(key),
+                    "--save", str(params)],
                    check=True, capture_output=True)
     out = tmp_path / "out.parquet"
     # The child reports its own peak RSS: VmHWM belongs to the new address space made by
@@ -36,17 +39,22 @@ def test_fifty_million_row_parquet_streams_under_one_gigabyte(tmp_path):
         "sys.exit(code)\n"
     )
     proc = subprocess.run([sys.executable, "-c", wrapper, "privatize", str(src), "-o", str(out), "--label-column", "y",
-                           "--seed", "3", "--params", str(params), "--quiet"], capture_output=True, text=True)
+                           "--key-file", str(key), "--params", str(params), "--quiet"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     peak_mib = int(proc.stdout.strip().splitlines()[-1]) / 1024  # VmHWM is in KiB
     assert peak_mib < 1024, f"peak RSS {peak_mib:.0f} MiB"
-    assert json.loads((tmp_path / "out.parquet.json").read_text())["rows"] == ROWS
+    side = json.loads((tmp_path / "out.parquet.json").read_text())
+    assert side["rows"] == ROWS
     # rows and order preserved: the untouched column comes back in order, labels on the output grid
     reader = pq.ParquetFile(out)
     assert reader.metadata.num_rows == ROWS
     expected = 0
-    for batch in reader.iter_batches(batch_size=4 * GROUP, columns=["row"]):
+    (a, b), step = side["output_range"], side["output_grid"]
+    for batch in reader.iter_batches(batch_size=4 * GROUP, columns=["row", "y"]):
         got = batch.column(0).to_numpy()
         assert got[0] == expected and np.all(np.diff(got) == 1)
         expected += got.size
+        noisy = batch.column(1).to_numpy()
+        assert a <= noisy.min() and noisy.max() <= b
+        np.testing.assert_array_equal(np.round(noisy / step) * step, noisy)
     assert expected == ROWS

@@ -12,7 +12,7 @@ from .errors import InputError
 from .priors import Prior, empirical_prior, histogram_prior, private_histogram
 from .keys import Secret
 from .privatize import privatize_file
-from .release import release, release_grid
+from .release_path import release, release_grid
 from .additive import Gaussian, Laplace, Staircase, fit_gaussian, fit_laplace, fit_staircase
 from .rpwithprior import RPWithPrior, choose_zeta, fit_rpwithprior
 from .rr_on_bins import RROnBins, fit_rr_on_bins

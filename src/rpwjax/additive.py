@@ -26,7 +26,7 @@ inside ``[lo, hi]``, so ``breakpoints() = (lo, hi)`` makes ``label_mse`` exact.
 
 Sampling: every sampler is an inverse CDF of ONE uniform per label
 (:meth:`sample_from_uniform`), non-decreasing in the uniform. Released labels
-never come from it directly: :func:`rpwjax.release.release` draws the
+never come from it directly: :func:`rpwjax.release_path.release` draws the
 uniform from 52 random bits, snaps the output to a public power-of-two grid
 and clamps it to a public range ``[lo - T, hi + T]`` (:meth:`release_spec`),
 so that the realized probability of every released value is known exactly
@@ -141,7 +141,7 @@ class _Additive(Mechanism):
         density. h is doubled while T < 0 or the range has more than
         ``MAX_CELLS`` cells.
         """
-        from .release import MAX_CELLS, MIN_CELL_COUNT, UNIFORM_COUNT, pow2_at_least
+        from .release_path import MAX_CELLS, MIN_CELL_COUNT, UNIFORM_COUNT, pow2_at_least
 
         width = self.hi - self.lo
         std = float(np.sqrt(np.asarray(self.noise_variance(), np.float64)))

@@ -101,6 +101,13 @@ class FitResult:
         """Kind and bins; a histogram prior also its edges and masses (they are private or public
         already, so saving them costs nothing; the empirical prior is never written out)."""
         out = {"kind": self.prior, "bins": self.bins}
+        if self.prior == "empirical":
+            uses_prior = MECHANISMS[self.mechanism][3]
+            read = ("the parameters and the reported label_mse are functions of the raw labels"
+                    if uses_prior else "the reported label_mse is a function of the raw labels")
+            out["public_prior_required"] = True
+            out["note"] = (f"known-prior setting (experiments): {read}, so the epsilon guarantee holds only if this "
+                           "prior (the labels' empirical distribution) is public; nothing was spent on it")
         prior = self.prior_used
         if prior is not None and not prior.discrete and self.prior in ("private-histogram", "histogram"):
             out["edges"] = np.concatenate([np.asarray(prior.left)[:1], np.asarray(prior.right)]).tolist()

@@ -98,7 +98,7 @@ from . import api, realized
 from .base import Mechanism
 from .errors import InputError, check_choice, check_epsilon
 from .keys import Secret
-from .release import release, sidecar_fields
+from .release_path import release, sidecar_fields
 
 RATIO_TOLERANCE = 1e-9  # pass iff max log ratio <= ε + this
 DELTA_RELATIVE_TOLERANCE = 1e-5  # quadrature slack on δ(ε) for (ε, δ) mechanisms

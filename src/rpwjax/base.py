@@ -12,7 +12,7 @@ Contract of a params class (one per mechanism, ``name`` = the CLI name):
                                release path and the as-implemented audit rely on)
 * ``sample(key, y)``           noisy labels, same shape and float dtype as ``y`` (a
                                sampling kernel for tests and benchmarks, NOT a release:
-                               releases go through :func:`rpwjax.release.release`)
+                               releases go through :func:`rpwjax.release_path.release`)
 * ``release_spec()``           the public output grid and clamp range of a release
 * ``log_density(y_tilde, y)``  exact log density (log pmf for discrete outputs),
                                ``-inf`` off the support
@@ -72,7 +72,7 @@ class Mechanism:
 
     def sample(self, key, y):
         """Noisy labels for ``y`` (one midpoint uniform per label). A kernel, not a release: it neither
-        snaps nor clamps and takes any key; released labels come from :func:`rpwjax.release.release`."""
+        snaps nor clamps and takes any key; released labels come from :func:`rpwjax.release_path.release`."""
         y = jnp.asarray(y)
         if not jnp.issubdtype(y.dtype, jnp.floating):
             y = y.astype(jnp.float32)
@@ -164,7 +164,10 @@ def _sample_grid(params, key, y):
 
 
 def sample_grid(params: Mechanism, key, y):
-    """Sample a whole ε grid at once: batched params (E,) x labels (...) -> (E, ...)."""
+    """Sampling kernel over a whole ε grid: batched params (E,) x labels (...) -> (E, ...).
+
+    NOT a release (no grid, no clamp, any key): for tests and benchmarks.
+    Released labels come from :func:`rpwjax.release_path.release_grid`."""
     y = jnp.asarray(y)
     if not jnp.issubdtype(y.dtype, jnp.floating):
         y = y.astype(jnp.float32)
@@ -174,7 +177,9 @@ def sample_grid(params: Mechanism, key, y):
 
 
 def sample_batches(params: Mechanism, key, ys):
-    """A batch of label arrays (B, n) with one (unbatched) mechanism: (B, n), one key per array."""
+    """Sampling kernel for a batch of label arrays (B, n) with one (unbatched) mechanism, one key per array.
+
+    NOT a release (for tests and benchmarks): see :func:`rpwjax.release_path.release`."""
     ys = jnp.asarray(ys)
     keys = jax.random.split(key, ys.shape[0])
     return jax.jit(jax.vmap(lambda k, y: params.sample(k, y)))(keys, ys)

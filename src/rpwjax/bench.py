@@ -12,7 +12,7 @@ median(baseline)`` from the same group of the same run.
 Families and what they measure (sizes per plan in :data:`PLANS`):
 
 * ``sampling`` (size: labels n): the release path
-  (:func:`rpwjax.release.release`: float64, grid, clamp, hash-derived block
+  (:func:`rpwjax.release_path.release`: float64, grid, clamp, hash-derived block
   keys, host array in and out) for every registered mechanism, against the
   floor ``jax.random.uniform`` of n float64 values on the device (a one-draw
   sampler cannot beat it).
@@ -285,7 +285,7 @@ def _sampler_params(mechanism: str):
 def sampler_thunk(mechanism: str, n: int):
     """Timed call: the release path for ``mechanism`` on n float64 labels (compiled after one call)."""
     from .keys import Secret
-    from .release import release
+    from .release_path import release
 
     params = _sampler_params(mechanism)
     y = sampling_labels(n)

@@ -217,12 +217,14 @@ def cmd_privatize(args) -> int:
             )
         posterior_mean(params, prior, [params.lo])  # fail before any output if this pair has no posterior
         postprocess = lambda noisy: posterior_mean(params, prior, noisy)  # noqa: E731
+    if record.get("prior", {}).get("kind") == "empirical":
+        record = dict(record, prior_is_public="asserted by the user (--prior-is-public)")
     privatize_file(
         args.input,
         args.output,
         label_column=args.label_column,
         params=params,
-        secret=secret.child("release"),
+        secret=secret,  # the release draws from secret.child("release"); an inline fit from secret.child("fit")
         record=record,
         chunk_rows=args.chunk_rows,
         clip=args.clip,
@@ -230,6 +232,7 @@ def cmd_privatize(args) -> int:
         row_offset=args.row_offset,
         postprocess=postprocess,
         postprocess_name="posterior-mean" if postprocess else None,
+        postprocess_range=(params.lo, params.hi) if postprocess else None,  # a posterior mean lies in the range
     )
     return 0
 

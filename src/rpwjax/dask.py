@@ -23,19 +23,24 @@ def privatize_dataframe(frame, *, label_column: str, params: Mechanism, secret: 
 
     Partition lengths are computed first (one pass) to give every partition
     its global row offset; the privatization itself is lazy like any
-    ``map_partitions``. Labels go through :func:`rpwjax.release.release` with
-    ``secret`` (e.g. ``Secret.from_file(KEYFILE)``): the secret travels to the
-    workers inside the task graph, in memory only.
+    ``map_partitions``. Labels go through :func:`rpwjax.release_path.release` with
+    :func:`rpwjax.privatize.release_secret` of ``secret`` (e.g.
+    ``Secret.from_file(KEYFILE)``), as ``rpwjax privatize --key-file KEYFILE
+    --params ...`` does, so both give the same labels; the derived secret
+    travels to the workers inside the task graph, in memory only.
     """
+    from .privatize import release_secret
+
     if not isinstance(secret, Secret):
         raise InputError(f"secret must be an rpwjax.keys.Secret (Secret.from_file(KEYFILE)), got {type(secret).__name__}")
+    key = release_secret(secret)
     if label_column not in frame.columns:
         raise InputError(f"label column {label_column!r} not found; columns are {list(frame.columns)}")
     lengths = frame.map_partitions(len).compute()
     offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))[:-1]])
 
     def one(part, partition_info=None):
-        from .release import release
+        from .release_path import release
 
         if partition_info is None:  # dask's metadata pass on an empty frame
             out = part.copy()
@@ -45,7 +50,7 @@ def privatize_dataframe(frame, *, label_column: str, params: Mechanism, secret: 
         y = check_labels(part[label_column].to_numpy(dtype=np.float64), params.lo, params.hi, clip=clip,
                          name="labels") if len(part) else np.zeros(0)
         out = part.copy()
-        out[label_column] = release(params, secret, y, start=start) if len(part) else y
+        out[label_column] = release(params, key, y, start=start) if len(part) else y
         return out
 
     meta = frame._meta.copy()

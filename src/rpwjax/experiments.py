@@ -27,7 +27,7 @@ from . import api
 from .datasets import Split
 from .errors import InputError, check_epsilon
 from .keys import Secret
-from .release import release_grid
+from .release_path import release_grid
 from .training import test_mse_many, train_many
 
 PAPER_EPSILONS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 4.0, 8.0)

@@ -69,6 +69,10 @@ class Secret:
     def from_file(cls, path) -> "Secret":
         """The secret of a key file written by ``rpwjax keygen``."""
         p = Path(path)
+        if _looks_like_key(str(path)) and not p.is_file():
+            # e.g. `--key-file "$(cat KEYFILE)"`: the argument is the secret itself, never echo it
+            raise InputError(f"the key file argument looks like key material ({KEY_FILE_HEX} hex characters), "
+                             "not a path: give the path of the file `rpwjax keygen -o KEYFILE` wrote")
         try:
             text = p.read_text(encoding="ascii")
         except FileNotFoundError:
@@ -77,6 +81,8 @@ class Secret:
             raise InputError(f"key file {str(p)!r} is not ASCII hex text") from None
         except IsADirectoryError:
             raise InputError(f"key file {str(p)!r} is a directory") from None
+        except OSError as err:  # e.g. permission denied: name the file and the reason, nothing else
+            raise InputError(f"key file {str(p)!r} cannot be read ({err.strerror or type(err).__name__})") from None
         return cls.from_hex(text, source=f"key file {str(p)!r}")
 
     @classmethod
@@ -139,6 +145,12 @@ class Secret:
         for i in range(count):
             out[i] = self.key_data(purpose, first + i)
         return out
+
+
+def _looks_like_key(text: str) -> bool:
+    """Whether ``text`` is itself 64 hex characters (a secret, not a path)."""
+    t = text.strip()
+    return len(t) == KEY_FILE_HEX and all(c in "0123456789abcdefABCDEF" for c in t)
 
 
 def _restore(material, reproducible):

@@ -163,7 +163,7 @@ def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, secret, clip:
     """
     from .keys import Secret
     from .noise import noisy_counts
-    from .release import epsilon_index
+    from .release_path import epsilon_index
 
     lo, hi = check_range(lo, hi)
     eps1 = check_epsilon(epsilon_prior, "epsilon_prior")

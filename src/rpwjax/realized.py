@@ -1,7 +1,7 @@
 r"""The as-implemented privacy check: exact realized probabilities of what the release path emits.
 
 The ideal density of a mechanism is not what ships. What ships is
-:func:`rpwjax.release.released_values` applied to one of ``N = 2^52``
+:func:`rpwjax.release_path.released_values` applied to one of ``N = 2^52``
 equally likely uniforms ``u_k = (k + 1/2)·2^-52``. For a label ``y`` the
 *realized* probability of a released value ``c`` is
 
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .release import UNIFORM_COUNT, released_values, sidecar_fields, spec, uniform_from_index
+from .release_path import UNIFORM_COUNT, released_values, sidecar_fields, spec, uniform_from_index
 from .base import Mechanism
 
 REALIZED_TOLERANCE = 1e-6

@@ -82,7 +82,7 @@ class RPWithPrior(Mechanism):
         h is the smallest power of two with N·that >= ``MIN_CELL_COUNT`` and at
         most ``MAX_CELLS`` cells (a function of the released parameters only).
         """
-        from .release import MAX_CELLS, MIN_CELL_COUNT, UNIFORM_COUNT, pow2_at_least
+        from .release_path import MAX_CELLS, MIN_CELL_COUNT, UNIFORM_COUNT, pow2_at_least
 
         eps, zeta, a1, a2 = (np.asarray(v, np.float64) for v in (self.epsilon, self.zeta, self.a1, self.a2))
         gamma = 2 * zeta + np.exp(-eps) * (a2 - a1)

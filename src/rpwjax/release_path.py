@@ -77,13 +77,13 @@ def spec(params: Mechanism) -> dict:
     grid = None if s["grid"] is None else float(s["grid"])
     low = np.asarray(s["low"], np.float64)
     high = np.asarray(s["high"], np.float64)
-    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low <= high)):
-        raise InputError(f"{params.name}: the release range is empty or not finite, got [{low}, {high}]")
-    if grid is not None and np.any(high - low < 2 * grid):
+    if grid is not None and np.any(~(high - low >= 2 * grid)):
         raise InputError(
             f"{params.name}: epsilon={float(np.max(params.epsilon)):g} is too large for a certified float64 release "
             f"(the public grid {grid:g} leaves fewer than three outputs)"
         )
+    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low <= high)):
+        raise InputError(f"{params.name}: the release range is empty or not finite, got [{low}, {high}]")
     return {"grid": grid, "low": low, "high": high}
 
 
