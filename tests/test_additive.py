@@ -22,6 +22,7 @@ from rpwjax.additive import (
 )
 from rpwjax.base import label_mse_grid, sample_grid
 from rpwjax.errors import InputError
+from rpwjax.keys import Secret
 from rpwjax.priors import empirical_prior, histogram_prior, private_histogram
 
 LO, HI = 0.5, 2.0  # Δ = 1.5
@@ -163,9 +164,31 @@ def test_sampler_matches_exact_cdf(name, options, epsilon, y):
     assert stats.kstest(draws.astype(np.float64), cdf).pvalue > 1e-3
 
 
+@pytest.mark.parametrize(
+    "name, options, epsilon, y",
+    [
+        ("laplace", {}, 1.0, 0.8),
+        ("gaussian", {}, 1.0, 0.8),
+        ("staircase", {}, 0.5, 0.8),
+        ("staircase", {"gamma": 0.3}, 1.5, LO),
+        ("staircase", {"gamma": 0.8}, 3.0, 3.0),
+    ],
+)
+def test_sampler_is_the_exact_inverse_cdf(name, options, epsilon, y):
+    """One uniform per label: x(u) is non-decreasing in u and F(x(u)) = u (float64), out to the
+    extreme uniforms (k + 1/2)·2^-52 of the release path."""
+    params, _ = FITS[name](PRIOR, epsilon, **options)
+    half = 0.5 * 2.0**-52
+    with jax.enable_x64(True):
+        u = np.concatenate([[half, 3 * half], (np.arange(100_000) + 0.5) / 100_000, [1 - 3 * half, 1 - half]])
+        x = np.asarray(params.sample_from_uniform(jnp.asarray(u), jnp.full(u.size, y)))
+        assert np.all(np.isfinite(x)) and np.all(np.diff(x) >= 0)
+        np.testing.assert_allclose(np.asarray(params.cdf(jnp.asarray(x), y)), u, rtol=0, atol=1e-12)
+
+
 def test_staircase_sampler_fills_every_step_as_the_density_says():
-    # the cells (side, k, lower/upper part) separate the sign, geometric and
-    # Bernoulli draws, where a wrong parameter would break privacy
+    # the cells (side, step k, lower/upper part of the step) are the pieces of the
+    # one-uniform inverse CDF, where a wrong parameter would break privacy
     params, _ = fit_staircase(PRIOR, 1.5, gamma=0.3)
     width = HI - LO
     with jax.enable_x64(True):
@@ -222,7 +245,7 @@ def test_vmap_over_epsilon_equals_loop(name):
 
 def test_batched_private_prior_is_accepted():
     grid = np.array([0.5, 2.0])
-    prior = private_histogram([0.6, 1.0, 1.9], LO, HI, 0.1 * grid, bins=8, key=jax.random.key(0))
+    prior = private_histogram([0.6, 1.0, 1.9], LO, HI, 0.1 * grid, bins=8, secret=Secret.from_seed(0))
     for name in FITS:
         params, _ = FITS[name](prior, grid)
         mse = label_mse_grid(params, prior)

@@ -5,10 +5,10 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from rpwjax import cli
+from rpwjax import api, cli
 from rpwjax.datasets import load_dataset, train_test_split
 from rpwjax.errors import InputError
-from rpwjax.experiments import COLUMNS, NON_PRIVATE, SweepConfig, run_sweep, summarize
+from rpwjax.experiments import COLUMNS, NON_PRIVATE, SweepConfig, privatize_grid, run_sweep, summarize
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +43,25 @@ def test_one_cell_rerun_alone_reproduces(crime_split, small_sweep):
         (orig,) = [o for o in small_sweep if (o["mechanism"], o["epsilon"], o["seed"]) == (r["mechanism"], r["epsilon"], r["seed"])]
         assert r["label_mse"] == orig["label_mse"]  # identical noisy labels
         assert r["test_mse"] == pytest.approx(orig["test_mse"], rel=1e-3)  # float32 batched training
+
+
+def test_privatize_grid_releases_every_epsilon_on_its_public_grid(crime_split):
+    y, lo, hi = crime_split.y_train, crime_split.lo, crime_split.hi
+    fit = api.fit("laplace", y, range=(lo, hi), epsilon=[0.5, 4.0], prior="empirical")
+    noisy = privatize_grid(fit, 0, "laplace", y)
+    assert noisy.shape == (2, y.size) and noisy.dtype == np.float64
+    for i in range(2):
+        spec = fit.params[i].release_spec()
+        steps = noisy[i] / spec["grid"]
+        assert np.array_equal(steps, np.rint(steps))  # snapped to the public grid
+        assert np.all((noisy[i] >= spec["low"]) & (noisy[i] <= spec["high"]))  # clamped to the public range
+    # reproducible per (seed, mechanism, ε value): the same call repeats, another seed or mechanism does not,
+    # and one ε released alone gives its row of the grid
+    np.testing.assert_array_equal(privatize_grid(fit, 0, "laplace", y), noisy)
+    assert not np.any(np.all(privatize_grid(fit, 1, "laplace", y) == noisy, axis=1))
+    assert not np.any(np.all(privatize_grid(fit, 0, "gaussian", y) == noisy, axis=1))
+    alone = api.fit("laplace", y, range=(lo, hi), epsilon=[4.0], prior="empirical")
+    np.testing.assert_array_equal(privatize_grid(alone, 0, "laplace", y)[0], noisy[1])
 
 
 def test_summary_has_mean_and_std(small_sweep):

@@ -39,15 +39,16 @@ def test_rpwithprior_closed_form_on_a_histogram_matches_a_fine_discretisation(rn
 
 def test_generic_posterior_is_a_weighted_mean_of_the_support(rng):
     prior = empirical_prior([0.0, 0.5, 1.0], 0, 1)
-    fit = rpwjax.fit("rr-on-bins", [0.0, 0.5, 1.0], range=(0, 1), epsilon=1.0)
+    fit = rpwjax.fit("rr-on-bins", [0.0, 0.5, 1.0], range=(0, 1), epsilon=1.0, prior="empirical")
     out = posterior_mean(fit.params, prior, np.asarray(fit.params.outputs)[:3])
     assert np.all((out >= 0) & (out <= 1))
 
 
 def test_posterior_minimises_squared_error_against_raw_outputs(rng):
     y = rng.beta(2, 5, 20000)
-    fit = rpwjax.fit("rpwithprior", y, range=(0, 1), epsilon=1.0, zeta=0.05)
-    noisy = np.asarray(rpwjax.sample_grid(fit.params, jax.random.key(0), jnp.asarray(y, jnp.float32)), np.float64)
+    fit = rpwjax.fit("rpwithprior", y, range=(0, 1), epsilon=1.0, prior="empirical", zeta=0.05)
+    noisy = rpwjax.release(fit.params, rpwjax.Secret.from_seed(0), y)  # the released labels (float64, on the grid)
+    assert noisy.dtype == np.float64 and not np.array_equal(noisy, y)
     clean = posterior_mean(fit.params, fit.prior_used, noisy)
     assert np.mean((clean - y) ** 2) < np.mean((noisy - y) ** 2)
 

@@ -8,6 +8,7 @@ from scipy import integrate, stats
 
 import rpwjax
 from rpwjax import interval_search
+from rpwjax.keys import Secret
 from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
 from rpwjax.rpwithprior import RPWithPrior, _fit_shared_zeta, fit_rpwithprior
 
@@ -334,6 +335,15 @@ def test_private_prior_reads_labels_only_through_bin_counts(rng):
     f1 = rpwjax.fit("rpwithprior", y1, range=(0, 1), epsilon=[0.5, 2.0], prior="private", bins=bins, seed=9)
     f2 = rpwjax.fit("rpwithprior", y2, range=(0, 1), epsilon=[0.5, 2.0], prior="private", bins=bins, seed=9)
     assert f1.records() == f2.records()
+    # an integer seed is the secret it expands to; another secret gives another noisy histogram
+    f3 = rpwjax.fit("rpwithprior", y1, range=(0, 1), epsilon=[0.5, 2.0], prior="private", bins=bins,
+                    secret=Secret.from_seed(9))
+    assert f3.records() == f1.records()
+    f4 = rpwjax.fit("rpwithprior", y1, range=(0, 1), epsilon=[0.5, 2.0], prior="private", bins=bins,
+                    secret=Secret.from_seed(10))
+    assert all(a["prior"] != b["prior"] for a, b in zip(f4.records(), f1.records()))
+    with pytest.raises(rpwjax.InputError, match="secret or seed"):
+        rpwjax.fit("rpwithprior", y1, range=(0, 1), epsilon=1.0, secret=Secret.from_seed(9), seed=9)
 
 
 def test_private_prior_accounting_is_reported(rng):
@@ -345,23 +355,72 @@ def test_private_prior_accounting_is_reported(rng):
         assert rec["epsilon"] == eps and rec["delta"] == 0.0
         assert rec["prior"]["kind"] == "private-histogram" and rec["prior"]["bins"] == 32
         assert rec["params"]["epsilon"] == pytest.approx(eps - 0.2)
-    known = rpwjax.fit("rpwithprior", y, range=(0, 1), epsilon=1.0)
+    known = rpwjax.fit("rpwithprior", y, range=(0, 1), epsilon=1.0, prior="empirical")
     assert known.records()[0]["epsilon_prior"] == 0.0 and known.records()[0]["epsilon_mechanism"] == 1.0
+    # the default is the private prior (eps1 = 0.1 eps), its noise from fresh entropy
+    default = rpwjax.fit("rpwithprior", y, range=(0, 1), epsilon=1.0).records()[0]
+    assert default["prior"]["kind"] == "private-histogram"
+    assert default["epsilon_prior"] == pytest.approx(0.1) and default["epsilon_mechanism"] == pytest.approx(0.9)
 
 
-def test_private_histogram_noise_scale(rng):
-    """Counts + Laplace(2/eps1): the noise before clipping has the right spread."""
-    y = np.full(100000, 0.5)
-    prior = private_histogram(y, 0, 1, 2.0, bins=1000, key=jax.random.key(0))
-    empty = np.asarray(prior.mass)[:400] * 1e9  # empty bins: only clipped noise survives
-    assert (np.asarray(prior.mass) >= 0).all() and np.asarray(prior.mass).sum() == pytest.approx(1.0)
-    # P(Lap(1) noise > 0) = 1/2 of the empty bins are non-zero
-    assert 0.4 < np.mean(empty > 0) < 0.6
+def test_private_histogram_noise_is_exact_discrete_laplace():
+    """Integer counts + discrete Laplace noise of rate eps1/2, clipped at zero and normalised."""
+    bins, eps1 = 1000, 2.0
+    p = np.exp(-eps1 / 2)  # P(Z = k) = (1 - p)/(1 + p)·p^|k|
+    # empty bins: only clipped noise survives, non-zero with probability P(Z > 0) = p/(1 + p)
+    prior = private_histogram(np.full(100_000, 0.5), 0, 1, eps1, bins=bins, secret=Secret.from_seed(0))
+    mass = np.asarray(prior.mass)
+    assert (mass >= 0).all() and mass.sum() == pytest.approx(1.0)
+    assert mass[500] > 0.9  # 0.5 falls into bin 500
+    empty = np.delete(mass, 500)
+    positive = p / (1 + p)
+    assert abs(np.mean(empty > 0) - positive) < 4 * np.sqrt(positive * (1 - positive) / empty.size)
+    # 50 labels in every bin: no count is clipped, and the noisy integer counts n_i = mass_i·T come back
+    # exactly (T = Σ n_i is the one total in reach that makes every mass_i·T an integer)
+    labels = np.repeat((np.arange(bins) + 0.5) / bins, 50)
+    mass = np.asarray(private_histogram(labels, 0, 1, eps1, bins=bins, secret=Secret.from_seed(1)).mass)
+    totals = np.arange(50 * bins - 2000, 50 * bins + 2001)
+    scaled = mass[None, :] * totals[:, None]
+    error = np.abs(scaled - np.rint(scaled)).max(axis=1)
+    best = int(np.argmin(error))
+    assert error[best] < 1e-6 and np.sort(error)[1] > 1e-3
+    z = np.rint(scaled[best]) - 50
+    # the pmf, tails beyond ±5 lumped (chi-square), and the variance 2p/(1 - p)² (4 standard errors;
+    # the sample variance has variance var²·(excess kurtosis + 2)/m, excess kurtosis 3 + (1 - p)²/(2p))
+    ks = np.arange(-5, 6)
+    tail = p**6 / (1 + p)
+    probs = np.concatenate([[tail], (1 - p) / (1 + p) * p ** np.abs(ks), [tail]])
+    observed = np.array([np.sum(z < -5), *(np.sum(z == k) for k in ks), np.sum(z > 5)])
+    assert stats.chisquare(observed, probs * z.size).pvalue > 1e-3
+    var, kurt = 2 * p / (1 - p) ** 2, 3 + (1 - p) ** 2 / (2 * p)
+    assert abs(z.var() - var) < 4 * var * np.sqrt((kurt + 2) / z.size)
+    assert abs(z.mean()) < 4 * np.sqrt(var / z.size)
+
+
+def test_private_histogram_is_reproducible_and_independent_per_epsilon():
+    y = np.random.default_rng(3).beta(2, 5, 2000)
+    one = np.asarray(private_histogram(y, 0, 1, 0.5, bins=16, secret=Secret.from_seed(4)).mass)
+    np.testing.assert_array_equal(np.asarray(private_histogram(y, 0, 1, 0.5, bins=16, secret=Secret.from_seed(4)).mass), one)
+    assert not np.array_equal(np.asarray(private_histogram(y, 0, 1, 0.5, bins=16, secret=Secret.from_seed(5)).mass), one)
+    # a grid of epsilons: each value gets its own noise, keyed by the value (not by its position)
+    grid = np.asarray(private_histogram(y, 0, 1, np.array([0.2, 0.5]), bins=16, secret=Secret.from_seed(4)).mass)
+    np.testing.assert_array_equal(grid[1], one)
+    swapped = np.asarray(private_histogram(y, 0, 1, np.array([0.5, 0.2]), bins=16, secret=Secret.from_seed(4)).mass)
+    np.testing.assert_array_equal(swapped[::-1], grid)
+    with pytest.raises(rpwjax.InputError, match="Secret"):
+        private_histogram(y, 0, 1, 0.5, bins=16, secret=4)
 
 
 def test_private_histogram_all_zero_gives_uniform():
-    prior = private_histogram(np.array([0.5]), 0, 1, 1e-9, bins=4, key=jax.random.key(1))
-    assert np.all(np.asarray(prior.mass) >= 0) and float(np.sum(prior.mass)) == pytest.approx(1.0)
+    # at eps1 = 1e-9 the noise is ~1e9 counts: all four noisy counts are <= 0 with probability about 1/16,
+    # and then (only then, up to ties of probability ~0) the prior is exactly uniform
+    uniform = 0
+    for s in range(200):
+        mass = np.asarray(private_histogram(np.array([0.5]), 0, 1, 1e-9, bins=4, secret=Secret.from_seed(s)).mass)
+        assert np.all(mass >= 0) and float(np.sum(mass)) == pytest.approx(1.0)
+        uniform += bool(np.all(mass == 0.25))
+    assert uniform > 0
+    assert abs(uniform / 200 - 1 / 16) < 4 * np.sqrt(1 / 16 * 15 / 16 / 200)
 
 
 def test_json_round_trip(fitted):

@@ -13,6 +13,7 @@ from scipy import stats
 
 from rpwjax.base import label_mse_grid, sample_grid
 from rpwjax.errors import InputError
+from rpwjax.keys import Secret
 from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
 from rpwjax.rr_on_bins import RROnBins, fit_rr_on_bins
 
@@ -168,7 +169,7 @@ def test_batched_prior_one_histogram_per_epsilon():
     rng = np.random.default_rng(11)
     labels = rng.beta(2.0, 5.0, 2000)
     eps = np.array([0.5, 1.0, 4.0])
-    prior = private_histogram(labels, 0.0, 1.0, 0.2 * eps, bins=12, key=jax.random.key(0))
+    prior = private_histogram(labels, 0.0, 1.0, 0.2 * eps, bins=12, secret=Secret.from_seed(0))
     assert np.ndim(prior.mass) == 2
     params, info = fit_rr_on_bins(prior, eps)
     for e in range(eps.size):
@@ -262,6 +263,8 @@ def test_one_uniform_inverse_cdf_is_exact():
         with jax.enable_x64(True):
             draws = np.asarray(params.sample_from_uniform(jnp.asarray(u), jnp.full(n, y)))
             pmf = np.exp(np.asarray(params.log_density(params.outputs[:m], y)))
+        # an inverse CDF over the sorted outputs: non-decreasing in u
+        assert np.all(np.diff(params.outputs[:m]) > 0) and np.all(np.diff(draws) >= 0)
         counts = np.array([(draws == v).sum() for v in params.outputs[:m]])
         assert counts.sum() == n
         np.testing.assert_allclose(counts / n, pmf, atol=2.0 / n)

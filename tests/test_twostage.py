@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from rpwjax import InputError, twostage
+from rpwjax.keys import Secret
 from rpwjax.posterior import posterior_mean
 from rpwjax.priors import histogram_prior
 from rpwjax.rpwithprior import fit_rpwithprior
@@ -93,12 +94,82 @@ def test_tilt_hits_the_private_mean_and_keeps_the_shape_ordering(rng):
         assert np.allclose(np.diff(np.log(ratio), 2), 0.0, atol=1e-9)
 
 
-def test_private_mean_noise_has_the_laplace_scale():
-    y = np.full(1000, 2.0)
-    draws = np.array([twostage.private_mean(y, LO, HI, 0.5, jax.random.key(s)) for s in range(400)])
-    scale = (HI - LO) / (1000 * 0.5)
-    # mean absolute deviation of Laplace(b) is b; 400 draws: about 5% standard error
-    assert np.mean(np.abs(draws - 2.0)) == pytest.approx(scale, rel=0.2)
+def discrete_laplace_moments(rate):
+    """Variance, mean |Z| and excess kurtosis of Z with P(Z = z) ∝ exp(-rate·|z|) on the integers.
+
+    Z is the difference of two i.i.d. geometric variables with P(G = k) = (1 - p) p^k, p = e^-rate:
+    Var Z = 2p/(1 - p)², E|Z| = 2p/(1 - p²), excess kurtosis 3 + (1 - p)²/(2p)."""
+    p, q = np.exp(-rate), -np.expm1(-rate)  # q = 1 - p, accurate for tiny rates
+    return 2 * p / q**2, 2 * p / (q * (1 + p)), 3 + q**2 / (2 * p)
+
+
+def assert_discrete_laplace(z, rate):
+    """Integer draws ``z`` are discrete Laplace of ``rate``: integral, and mean, variance and mean |Z| within
+    four standard errors of the sample size (fixed seeds: the test is deterministic)."""
+    z = np.asarray(z, np.float64).ravel()
+    assert np.all(np.abs(z - np.rint(z)) < 1e-3), "the noise must be integer-valued"
+    z = np.rint(z)
+    m = z.size
+    var, mad, kurt = discrete_laplace_moments(rate)
+    assert abs(z.mean()) < 4 * np.sqrt(var / m)
+    # the sample variance has variance about var²·(excess kurtosis + 2)/m
+    assert abs(z.var() - var) < 4 * var * np.sqrt((kurt + 2) / m)
+    assert abs(np.abs(z).mean() - mad) < 4 * np.sqrt((var - mad**2) / m)
+
+
+def test_discrete_laplace_moments_match_the_pmf():
+    for rate in (0.3, 1.0, 2.5):
+        z = np.arange(-400, 401)
+        pmf = np.exp(-rate * np.abs(z))
+        pmf /= pmf.sum()
+        var, mad, kurt = discrete_laplace_moments(rate)
+        assert np.sum(pmf * z**2) == pytest.approx(var, rel=1e-12)
+        assert np.sum(pmf * np.abs(z)) == pytest.approx(mad, rel=1e-12)
+        assert np.sum(pmf * z**4) / var**2 - 3 == pytest.approx(kurt, rel=1e-10)
+
+
+def test_noisy_counts_add_exact_discrete_laplace_noise_of_rate_eps_over_2():
+    from scipy import stats
+
+    edges = np.linspace(LO, HI, 5001)
+    values = np.repeat(0.5 * (edges[:-1] + edges[1:]), 7)  # 7 values in every bin
+    noisy = twostage.noisy_counts(values, edges, 1.5, Secret.from_seed(0))
+    assert noisy.shape == (5000,)
+    z = noisy - 7
+    assert_discrete_laplace(z, 0.75)
+    # the pmf itself, P(Z = k) = (1 - p)/(1 + p)·p^|k| (p = e^-rate), tails beyond ±6 lumped: a chi-square test
+    # (it tells the exact discrete Laplace from a rounded continuous Laplace of the same scale)
+    p, ks = np.exp(-0.75), np.arange(-6, 7)
+    tail = p**7 / (1 + p)
+    probs = np.concatenate([[tail], (1 - p) / (1 + p) * p ** np.abs(ks), [tail]])
+    observed = np.array([np.sum(z < -6), *(np.sum(z == k) for k in ks), np.sum(z > 6)])
+    assert probs.sum() == pytest.approx(1.0, abs=1e-12)
+    assert stats.chisquare(observed, probs * z.size).pvalue > 1e-3
+    # the same secret reproduces the release, another secret does not
+    np.testing.assert_array_equal(twostage.noisy_counts(values, edges, 1.5, Secret.from_seed(0)), noisy)
+    assert not np.array_equal(twostage.noisy_counts(values, edges, 1.5, Secret.from_seed(1)), noisy)
+    # the exact sampler keeps the shape of the counts it is given (noise in flat order)
+    from rpwjax.noise import noisy_counts as exact_noisy_counts
+
+    flat = exact_noisy_counts(np.arange(6), 1.0, Secret.from_seed(2), "shape")
+    np.testing.assert_array_equal(exact_noisy_counts(np.arange(6).reshape(2, 3), 1.0, Secret.from_seed(2), "shape"),
+                                  flat.reshape(2, 3))
+    assert exact_noisy_counts(3, 1.0, Secret.from_seed(2), "shape").shape == ()
+
+
+def test_private_mean_noise_is_discrete_laplace_on_the_rounded_sum():
+    n, eps = 1000, 0.5
+    y = np.full(n, 2.0)
+    draws = np.array([twostage.private_mean(y, LO, HI, eps, Secret.from_seed(s)) for s in range(4000)])
+    r = twostage.MEAN_RESOLUTION
+    # the released mean is lo + (hi - lo)(Σ q_i + Z)/(R n), q_i = round(R (y_i - lo)/(hi - lo))
+    total = n * np.rint(r * (2.0 - LO) / (HI - LO))
+    z = (draws - LO) / (HI - LO) * r * n - total
+    assert_discrete_laplace(z, eps / r)
+    # in label units: the Laplace scale (hi - lo)/(n ε) of the continuous mechanism, mean |noise| = scale
+    scale = (HI - LO) / (n * eps)
+    assert np.mean(np.abs(draws - 2.0)) == pytest.approx(scale, rel=4 / np.sqrt(draws.size))  # sd |Lap(b)| = b
+    assert twostage.private_mean(y, LO, HI, eps, Secret.from_seed(7)) == draws[7]
 
 
 def _data(rng, n=600):
@@ -111,7 +182,7 @@ def _data(rng, n=600):
 def test_two_stage_accounting_and_per_label_privacy(stage2, rng):
     x, y = _data(rng)
     cfg = twostage.TwoStageConfig(stage2=stage2, fraction=0.4)
-    run = twostage.two_stage_labels(x, y, LO, HI, 1.0, seed=5, config=cfg, epochs=3)
+    run = twostage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(5), config=cfg, epochs=3)
     rec = run.record
     for part in ("part_a", "part_b"):
         spent = rec[part].get("prior_histogram_epsilon", rec[part].get("residual_histogram_epsilon"))
@@ -140,7 +211,7 @@ def test_two_stage_accounting_and_per_label_privacy(stage2, rng):
 
 def test_two_stage_denoised_labels_beat_the_raw_stage_outputs_on_an_easy_problem(rng):
     x, y = _data(rng, n=2000)
-    run = twostage.two_stage_labels(x, y, LO, HI, 2.0, seed=1, epochs=20)
+    run = twostage.two_stage_labels(x, y, LO, HI, 2.0, secret=Secret.from_seed(1), epochs=20)
     b = run.part_b
     assert np.mean((run.labels[b] - y[b]) ** 2) < np.mean((run.stage2_outputs - y[b]) ** 2)
     # the feature-aware labels are closer to the truth than the mechanism's raw outputs on part A too
@@ -150,22 +221,26 @@ def test_two_stage_denoised_labels_beat_the_raw_stage_outputs_on_an_easy_problem
 
 def test_two_stage_is_reproducible_and_rejects_bad_settings(rng):
     x, y = _data(rng, n=200)
-    a = twostage.two_stage_labels(x, y, LO, HI, 1.0, seed=2, epochs=2).labels
-    b = twostage.two_stage_labels(x, y, LO, HI, 1.0, seed=2, epochs=2).labels
+    a = twostage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(2), epochs=2).labels
+    b = twostage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(2), epochs=2).labels
     assert np.array_equal(a, b)
+    c = twostage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(3), epochs=2).labels
+    assert not np.array_equal(a, c)
+    with pytest.raises(InputError, match="Secret"):
+        twostage.TwoStageRun(y, LO, HI, 1.0, 2)  # an integer seed is not a secret
     with pytest.raises(InputError, match="fraction"):
         twostage.TwoStageConfig(fraction=1.0).validate()
     with pytest.raises(InputError, match="stage2"):
         twostage.TwoStageConfig(stage2="laplace").validate()
     with pytest.raises(InputError, match="features"):
-        twostage.two_stage_labels(x[:10], y, LO, HI, 1.0, seed=2, epochs=1)
+        twostage.two_stage_labels(x[:10], y, LO, HI, 1.0, secret=Secret.from_seed(2), epochs=1)
 
 
 def test_calibrated_denoising_at_small_epsilon_recovers_the_mean(rng):
     y = np.clip(rng.gamma(2.0, 0.6, 20_000), LO, HI)
-    labels, record = twostage.calibrated_denoised(y, LO, HI, 0.05, seed=0)
+    labels, record = twostage.calibrated_denoised(y, LO, HI, 0.05, secret=Secret.from_seed(0))
     assert record["prior_epsilon"] + record["mechanism_epsilon"] == pytest.approx(0.05)
-    # private mean with eps/4: Laplace scale 5/(20000*0.0125) = 0.02
+    # private mean with eps/4: discrete Laplace noise of scale about 5/(20000*0.0125) = 0.02
     assert abs(labels.mean() - y.mean()) < 0.15
 
 
@@ -177,34 +252,39 @@ def test_public_design_bounds_every_row_and_keeps_an_intercept(rng):
     assert np.all(design[:, 0] > 0)  # the intercept column (scaled down only on clipped rows)
 
 
-def test_private_linear_fit_recovers_the_least_squares_fit_at_large_epsilon_and_adds_laplace_noise(rng):
+def test_private_linear_fit_recovers_the_least_squares_fit_at_large_epsilon_and_adds_discrete_laplace_noise(rng):
     x = rng.normal(size=(4000, 3))
     y = np.clip(2.5 + x @ np.array([0.8, -0.4, 0.2]) + 0.2 * rng.normal(size=4000), LO, HI)
     design, bound = twostage.public_design(x, components=3)
     ols = np.linalg.lstsq(design, y - 2.5, rcond=None)[0]
-    theta, centre = twostage.private_linear_fit(design, y, LO, HI, 1e4, jax.random.key(0), bound=bound)
+    theta, centre = twostage.private_linear_fit(design, y, LO, HI, 1e4, Secret.from_seed(0), bound=bound)
     assert centre == 2.5 and np.allclose(theta, ols, atol=1e-3)
-    # at small ε the release is noisy: the spread over keys matches Laplace((hi - lo)·bound/ε) on Xᵀy
-    thetas = np.array([twostage.private_linear_fit(design, y, LO, HI, 0.5, jax.random.key(s), bound=bound)[0]
-                       for s in range(200)])
-    gram = design.T @ design
-    b = (HI - LO) * bound / 0.5
+    # at small ε the release is noisy: Xᵀ(y - c) in integer units of (hi - lo)·bound/R, plus discrete
+    # Laplace noise of rate ε/(R + d) per coordinate (R = STATISTIC_RESOLUTION, d = 4 columns)
+    eps, d, r = 0.5, design.shape[1], twostage.STATISTIC_RESOLUTION
+    thetas = np.array([twostage.private_linear_fit(design, y, LO, HI, eps, Secret.from_seed(s), bound=bound)[0]
+                       for s in range(1000)])
+    unit = (HI - LO) * bound / r
+    b = (HI - LO) * bound / eps * (1 + d / r)
     ridge = 2 * b**2 / (((HI - LO) / 4) ** 2 * y.size)
-    released = thetas @ (gram + ridge * np.eye(4)).T  # Xᵀy + noise, recovered
-    noise = released - design.T @ (y - 2.5)
-    assert np.mean(np.abs(noise)) == pytest.approx(b, rel=0.1)
+    released = thetas @ (design.T @ design + ridge * np.eye(d)).T / unit  # noisy integer sums, recovered
+    exact = np.rint(design * (y - 2.5)[:, None] / unit).sum(axis=0)
+    assert_discrete_laplace(released - exact, eps / (r + d))
+    # in statistic units: about the Laplace scale b of the continuous release, mean |noise| = b
+    noise = released * unit - design.T @ (y - 2.5)
+    assert np.mean(np.abs(noise)) == pytest.approx(b, rel=4 / np.sqrt(noise.size))  # sd |Lap(b)| = b
 
 
 def test_linear_prior_labels_accounting_and_per_row_privacy(rng):
     x, y = _data(rng, n=1500)
-    labels, record = twostage.linear_prior_labels(x, y, LO, HI, 1.0, seed=4)
+    labels, record = twostage.linear_prior_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(4))
     spent = record["statistics_epsilon"] + record["residual_histogram_epsilon"] + record["mechanism_epsilon"]
     assert spent == pytest.approx(1.0) and record["per_label_epsilon"] == 1.0
     assert labels.shape == y.shape and np.all((labels >= LO) & (labels <= HI))
     # with a good linear model the denoised labels are much closer than the label spread
     assert np.mean((labels - y) ** 2) < 0.5 * np.var(y)
     with pytest.raises(InputError, match="features"):
-        twostage.linear_prior_labels(x[:5], y, LO, HI, 1.0, seed=4)
+        twostage.linear_prior_labels(x[:5], y, LO, HI, 1.0, secret=Secret.from_seed(4))
 
 
 def _table(tmp_path, rng, n=400):
@@ -239,7 +319,21 @@ def test_privatize_table_replaces_only_the_label_column(pipeline, tmp_path, rng)
     side = json.loads((tmp_path / "out.csv.json").read_text())
     assert side["pipeline"] == pipeline and side["feature_columns"] == ["a", "b", "c"]
     assert side["accounting"]["per_label_epsilon"] == 1.0
-    assert "seed" not in json.dumps(side)
+    # the sidecar flags the experiments-only seed but never records it, nor any key material
+    assert side["reproducible_seed"] is True
+    assert Secret.from_seed(3).hex() not in json.dumps(side)
+
+    def fields(record):
+        if isinstance(record, dict):
+            for k, v in record.items():
+                yield k, v
+                yield from fields(v)
+        elif isinstance(record, list):
+            for v in record:
+                yield from fields(v)
+
+    for k, v in fields(side):
+        assert k != "seed" and not ("seed" in k and isinstance(v, int) and not isinstance(v, bool)), (k, v)
 
 
 def test_privatize_table_errors_write_nothing(tmp_path, rng, capsys):

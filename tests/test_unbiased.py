@@ -14,6 +14,7 @@ from scipy.optimize import linprog
 
 from rpwjax.base import label_mse_grid, sample_grid
 from rpwjax.errors import InputError
+from rpwjax.keys import Secret
 from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
 from rpwjax.unbiased import Unbiased, default_extension, fit_unbiased, output_grid
 
@@ -225,7 +226,7 @@ def test_batched_prior_is_mapped_along_epsilon():
     rng = np.random.default_rng(2)
     labels = rng.beta(2.0, 5.0, 500) * 10.0
     eps = np.array([1.0, 3.0])
-    prior = private_histogram(labels, 0.0, 10.0, np.array([0.5, 0.5]), bins=8, key=jax.random.key(0))
+    prior = private_histogram(labels, 0.0, 10.0, np.array([0.5, 0.5]), bins=8, secret=Secret.from_seed(0))
     params, info = fit_unbiased(prior, eps)
     assert params.probabilities.shape[0] == 2
     for e in range(2):
@@ -325,6 +326,6 @@ def test_bad_prior_is_refused():
     with pytest.raises(InputError, match="Prior"):
         fit_unbiased(np.array([0.0, 1.0]), 1.0)
     labels = np.linspace(0.0, 1.0, 50)
-    prior = private_histogram(labels, 0.0, 1.0, np.array([0.5, 0.5, 0.5]), bins=4, key=jax.random.key(1))
+    prior = private_histogram(labels, 0.0, 1.0, np.array([0.5, 0.5, 0.5]), bins=4, secret=Secret.from_seed(1))
     with pytest.raises(InputError, match="3 priors for 2 epsilons"):
         fit_unbiased(prior, np.array([1.0, 2.0]))

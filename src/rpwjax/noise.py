@@ -98,4 +98,5 @@ def noisy_counts(counts, epsilon: float, secret: Secret, purpose: str, *index: i
     rate = Fraction(eps) / 2
     rng = BitStream(secret, purpose, *index)
     c = np.asarray(counts, np.int64).ravel()
-    return c + np.array([discrete_laplace(rate, rng) for _ in range(c.size)], np.int64).reshape(np.shape(counts))
+    noise = np.array([discrete_laplace(rate, rng) for _ in range(c.size)], np.int64)
+    return (c + noise).reshape(np.shape(counts))  # add in the flat order, then restore the shape

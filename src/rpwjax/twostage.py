@@ -12,13 +12,14 @@ The two-stage pipeline (one ε; every label is privatized exactly once):
 1. Split the training rows at random (public randomness, independent of
    the labels) into part A (``fraction`` of the rows) and part B.
 2. Stage 1, part A: a private histogram of A's labels (ε₁ = ``prior_fraction``·ε,
-   Laplace counts projected onto the public row count, :func:`project_counts`)
+   integer counts plus exact discrete Laplace noise, projected onto the public row count,
+   :func:`project_counts`)
    and the ``stage1`` mechanism with ε₂ = ε - ε₁. A model m₁ is trained on
    A's private labels, early-stopped on a public 20% of A's rows against
    their private labels (:func:`stage_model_predictions`; post-processing).
 3. Stage 2, part B: the residuals r = y - m₁(x) of B (m₁ clipped to the
    range, so r lies in the public [-(hi-lo), hi-lo]) are released once as a
-   Laplace(2/ε₁) histogram; the residual prior h is its projected masses when
+   histogram with exact discrete Laplace noise of rate ε₁/2; the residual prior h is its projected masses when
    a public rule says the release is reliable, else a Laplace density fitted
    to the noisy counts (:func:`residual_histogram`).
    Row i of B gets the prior π_i(y) ∝ h(y - m₁(x_i)) restricted to
@@ -53,14 +54,15 @@ fitted on privatized labels only.
 
 The mean-calibrated prior (for small ε, where the histogram is mostly
 noise): half of ε₁ buys a private histogram, the other half a private mean
-(Laplace((hi - lo)/(n ε₁/2)), replace-one sensitivity (hi - lo)/n); the
+(integer sum of the labels rounded to 2^20 public levels plus exact discrete Laplace noise:
+replace-one sensitivity (hi - lo)/n, scale (hi - lo)/(n ε₁/2)); the
 histogram is then exponentially tilted, m_j ∝ h_j e^{λ c_j}, until its mean
 equals the private mean (post-processing). At small ε a denoised label is
 close to the prior mean, so the prior mean is what the model learns; a
 private mean is far more accurate than the mean of a noisy histogram.
 
 The linear prior (:func:`linear_prior_labels`, no split): an ε_s-DP linear
-model from Laplace noise on Xᵀy over public, clipped principal components
+model from exact integer noise on Xᵀy over public, clipped principal components
 (:func:`private_linear_fit`) centres every row's prior; then a residual prior
 (ε₁), a per-row exact RPWithPrior interval (ε₂) and denoising. Each label is
 read by the three releases: ε_s + ε₁ + ε₂ = ε (sequential composition).
@@ -81,7 +83,7 @@ from .errors import InputError, check_epsilon, check_labels, check_range
 from .keys import Secret
 from .noise import BitStream, discrete_laplace
 from .noise import noisy_counts as _exact_noisy_counts
-from .release import epsilon_index, release
+from .release_path import epsilon_index, release, sidecar_fields
 from .posterior import _rpwithprior_posterior, _snap_to_outputs
 from .priors import Prior, histogram_prior
 from .rpwithprior import RPWithPrior, choose_zeta
@@ -101,6 +103,12 @@ __all__ = [
 ]
 
 _CHUNK = 2048
+
+
+def _check_secret(secret) -> Secret:
+    if not isinstance(secret, Secret):
+        raise InputError(f"secret must be an rpwjax.keys.Secret (Secret.from_file(KEYFILE)), got {type(secret).__name__}")
+    return secret
 
 
 STAGE1 = ("unbiased", "rpwithprior", "rr-on-bins", "laplace", "staircase")
@@ -124,6 +132,7 @@ def private_mean(labels, lo, hi, epsilon, secret: Secret) -> float:
     """
     lo, hi = check_range(lo, hi)
     eps = float(check_epsilon(epsilon))
+    _check_secret(secret)
     y = check_labels(labels, lo, hi)
     q = np.rint(MEAN_RESOLUTION * (y - lo) / (hi - lo)).astype(np.int64)
     from fractions import Fraction
@@ -222,14 +231,14 @@ def _laplace_masses(edges, location, scale):
 
 
 def histogram_is_reliable(rows: int, epsilon: float, bins: int, tolerance: float = 0.1) -> bool:
-    """Public rule: the Laplace(2/ε) noise of a ``bins``-bin histogram of ``rows`` counts has relative
+    """Public rule: the noise (discrete Laplace, rate ε/2: scale about 2/ε) of a ``bins``-bin histogram of ``rows`` counts has relative
     L2 size sqrt(8·bins)/(ε·rows); trust the bins themselves when it is at most ``tolerance``."""
     return math.sqrt(8 * bins) / (epsilon * rows) <= tolerance
 
 
 def release_bins(rows: int, epsilon: float, most: int) -> int:
     """Public rule for the residual release: the largest power of two <= ``most`` (at least 4) with about
-    eight or more rows per unit of Laplace noise scale per bin (rows·ε/2/bins >= 4)."""
+    eight or more rows per unit of noise scale per bin (rows·ε/2/bins >= 4)."""
     k = 4
     while k * 2 <= most and rows * epsilon / 2 / (k * 2) >= 4:
         k *= 2
@@ -239,7 +248,7 @@ def release_bins(rows: int, epsilon: float, most: int) -> int:
 def residual_histogram(residuals, width, epsilon, *, bins: int, secret: Secret, resolution: int = 2):
     """ε-DP residual prior over the public [-width, width]: (edges, masses).
 
-    One release: a ``bins``-bin Laplace(2/ε) histogram of the residuals. When
+    One release: a ``bins``-bin noisy histogram of the residuals (:func:`noisy_counts`). When
     it is reliable (:func:`histogram_is_reliable`, a rule on public numbers)
     its projected masses are the prior; otherwise a Laplace(μ, s) density is
     fitted to the noisy counts over a grid of (μ, s) (two
@@ -546,6 +555,8 @@ class TwoStageRun:
                        "zeta": self.zeta},
             "per_label_epsilon": self.epsilon,
             "denoised": cfg.stage2 == "rpwithprior",
+            "release": {"part_a": sidecar_fields(self.stage1_params),
+                        "part_b": sidecar_fields(self.stage2_params)},
         }
 
 
@@ -630,14 +641,14 @@ def calibrated_denoised(labels, lo, hi, epsilon, *, secret: Secret, prior_fracti
     if not 0 < prior_fraction < 1:
         raise InputError(f"prior_fraction must be in (0, 1), got prior_fraction={prior_fraction!r}")
     y = check_labels(labels, lo, hi)
-    secret = secret.child("epsilon", epsilon_index(eps))
+    secret = _check_secret(secret).child("epsilon", epsilon_index(eps))
     eps1 = prior_fraction * eps
     prior = calibrated_prior(y, lo, hi, eps1, bins=bins, secret=secret.child("prior"))
     params, _ = fit_rpwithprior(prior, eps - eps1, zeta="auto")
     noisy = release(params, secret.child("release"), y)
     record = {"pipeline": "calibrated-posterior", "epsilon": eps, "prior_epsilon": eps1,
               "mechanism": "rpwithprior", "mechanism_epsilon": eps - eps1, "bins": bins,
-              "params": params.to_json()}
+              "params": params.to_json(), "release": sidecar_fields(params)}
     return posterior_mean(params, prior, noisy), record
 
 
@@ -676,7 +687,15 @@ def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound
     noise of variance 2b² (a rule on public numbers: the noise is known, the labels are not read).
     Returns θ (predict with ``design @ θ + c``)."""
     eps = float(check_epsilon(epsilon))
-    y = np.asarray(labels, np.float64)
+    lo, hi = check_range(lo, hi)
+    _check_secret(secret)
+    y = check_labels(labels, lo, hi)
+    design = np.asarray(design, np.float64)
+    if design.ndim != 2 or design.shape[0] != y.size:
+        raise InputError(f"design must be (n, d) with one row per label, got shape {design.shape}")
+    norms = np.abs(design).sum(axis=1)
+    if np.any(norms > bound * (1 + 1e-12)):
+        raise InputError(f"every design row must have L1 norm <= bound={bound!r}, got {float(norms.max())!r}")
     centre = 0.5 * (lo + hi)
     from fractions import Fraction
 
@@ -711,7 +730,7 @@ def linear_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, st
     x = np.asarray(features, np.float64)
     if x.ndim != 2 or x.shape[0] != y.size:
         raise InputError(f"features must be (n, d) with one row per label, got shape {x.shape}")
-    secret = secret.child("epsilon", epsilon_index(eps))
+    secret = _check_secret(secret).child("epsilon", epsilon_index(eps))
     eps_s, eps1 = stats_fraction * eps, prior_fraction * eps
     eps2 = eps - eps_s - eps1
     design, bound = public_design(x, components)
@@ -725,5 +744,5 @@ def linear_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, st
     record = {"pipeline": "linear-prior", "epsilon": eps, "rows": int(y.size),
               "statistics_epsilon": eps_s, "residual_histogram_epsilon": eps1, "mechanism": "rpwithprior",
               "mechanism_epsilon": eps2, "components": int(design.shape[1] - 1), "l1_bound": bound, "zeta": zeta,
-              "per_label_epsilon": eps}
+              "per_label_epsilon": eps, "release": sidecar_fields(params)}
     return posterior_mean_per_example(params, priors, noisy), record
