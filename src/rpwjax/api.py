@@ -261,7 +261,11 @@ def prior_from_record(record: dict) -> Prior | None:
 
 
 def load_params(record: dict) -> tuple[Mechanism, dict]:
-    """Parameters for ONE ε from a ``--save`` record (or a one-element ``fit --json`` list)."""
+    """Parameters for ONE ε from a ``--save`` record (or a one-element ``fit --json`` list).
+
+    This only parses (with each mechanism's own ``from_json`` validation); it does not check that the record's
+    stated ε and δ hold for the parameters. :func:`rpwjax.verify.verify_record` does (``privatize --params`` runs it).
+    """
     if isinstance(record, list):
         if len(record) != 1:
             raise InputError(f"a params file must hold exactly one fit, got {len(record)}")

@@ -79,6 +79,14 @@ The exact check trusts ``log_density``; the empirical audit trusts nothing
 but the samples (its sets come from ``log_density``, which only affects its
 power). A sampler bug that changes the distribution by less than sampling
 noise, or only at labels other than the audited pair, is not caught.
+
+**A saved fit** (``rpwjax audit --params FILE``): instead of fitting the
+example prior, the file's record is verified first
+(:func:`rpwjax.verify.check_record`: its fields agree, and the guarantee is
+recomputed from the parameters), then its parameters get the three checks
+above, judged against the ``epsilon_mechanism`` and ``delta`` the file
+states. Every problem of the record is printed; the exit code is 0 iff the
+record verifies and every check passes.
 """
 
 from __future__ import annotations
@@ -697,10 +705,16 @@ def audit(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``rpwjax audit``."""
-    parser.add_argument("--mechanism", default="all", help="mechanism to audit, or 'all' (default)")
+    parser.add_argument("--mechanism", default=None, help="mechanism to audit, or 'all' (default)")
     parser.add_argument(
-        "--epsilon", type=float, nargs="+", default=[DEFAULT_EPSILON],
+        "--epsilon", type=float, nargs="+", default=None,
         help=f"one or more epsilons to fit and audit (default {DEFAULT_EPSILON:g})"
+    )
+    parser.add_argument(
+        "--params", default=None, metavar="FILE",
+        help="audit a saved fit (`rpwjax fit --save`) instead of fitting the example prior: its record is verified "
+             "(rpwjax.verify: fields agree, guarantee recomputed from the parameters) and its parameters get the "
+             "exact, realized and empirical checks against the epsilon and delta the file states",
     )
     parser.add_argument(
         "--samples", type=int, default=DEFAULT_SAMPLES, help=f"outputs sampled per label (default {DEFAULT_SAMPLES})"
@@ -755,10 +769,12 @@ def run(args: argparse.Namespace) -> int:
     """
     import json
 
-    eps = np.atleast_1d(check_epsilon(args.epsilon))
+    if getattr(args, "params", None) is not None:
+        return _run_params(args)
+    eps = np.atleast_1d(check_epsilon(args.epsilon if args.epsilon is not None else [DEFAULT_EPSILON]))
     samples = _check_count(args.samples, "samples")
     seed = _check_count(getattr(args, "seed", 0), "seed", 0)
-    names = _names(args.mechanism)
+    names = _names(args.mechanism if args.mechanism is not None else "all")
     keys = realized.key_space_check()
     reports, broken = [], []
     for name in names:
@@ -778,19 +794,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         if reports:
             print(format_table(reports))
-        print(
-            f"\nexact: max log density ratio of the ideal density over a grid of labels and outputs, pass iff <= "
-            f"eps + {RATIO_TOLERANCE:g}; (eps, delta)-DP mechanisms: delta(eps) of the privacy-loss profile <= delta."
-            f"\nrealized: the exact probability of every value the release path can emit (2^52 uniforms, bisection "
-            f"on the monotone sampler), max log ratio over labels, pass iff <= eps + {realized.REALIZED_TOLERANCE:g} "
-            f"(Gaussian: realized delta <= delta)."
-            f"\nempirical: {samples} released samples at each of two labels, Clopper-Pearson + Bonferroni lower bound "
-            f"on eps at {DEFAULT_CONFIDENCE:.1%} confidence, fail iff > claimed eps."
-            f"\ngrid: the public output grid (none: discrete outputs); every released value lies on it and in the "
-            f"sidecar's output_range. release MSE change: label MSE of the release against the ideal mechanism."
-            f"\nkeys: {keys['key_bits']}-bit block keys, every secret bit reaches them: "
-            f"{'yes' if keys['pass'] else 'NO'}"
-        )
+        _print_legend(samples, keys)
         for r in reports:
             for stage in ("exact", "realized", "empirical", "output_grid"):
                 for problem in r.details[stage].get("problems", []):
@@ -800,4 +804,87 @@ def run(args: argparse.Namespace) -> int:
         for line in broken:
             print(line)
     ok = reports and not broken and keys["pass"] and all(r.passed for r in reports)
+    return 0 if ok else 1
+
+
+def _print_legend(samples: int, keys: dict) -> None:
+    print(
+        f"\nexact: max log density ratio of the ideal density over a grid of labels and outputs, pass iff <= "
+        f"eps + {RATIO_TOLERANCE:g}; (eps, delta)-DP mechanisms: delta(eps) of the privacy-loss profile <= delta."
+        f"\nrealized: the exact probability of every value the release path can emit (2^52 uniforms, bisection "
+        f"on the monotone sampler), max log ratio over labels, pass iff <= eps + {realized.REALIZED_TOLERANCE:g} "
+        f"(Gaussian: realized delta <= delta)."
+        f"\nempirical: {samples} released samples at each of two labels, Clopper-Pearson + Bonferroni lower bound "
+        f"on eps at {DEFAULT_CONFIDENCE:.1%} confidence, fail iff > claimed eps."
+        f"\ngrid: the public output grid (none: discrete outputs); every released value lies on it and in the "
+        f"sidecar's output_range. release MSE change: label MSE of the release against the ideal mechanism."
+        f"\nkeys: {keys['key_bits']}-bit block keys, every secret bit reaches them: "
+        f"{'yes' if keys['pass'] else 'NO'}"
+    )
+
+
+def _judged_against(report: AuditReport, eps2, delta) -> AuditReport:
+    """``report`` re-judged against the epsilon_mechanism and delta a params file states (its checks ran at
+    ``params.epsilon``; a file whose two disagree must fail at the stated, smaller one)."""
+    if eps2 is None or delta is None:
+        return report
+    if report.pure:
+        exact_pass = report.exact_pass and report.exact_max_log_ratio <= eps2 + RATIO_TOLERANCE
+        realized_pass = report.realized_pass and report.realized_max_log_ratio <= eps2 + realized.REALIZED_TOLERANCE
+    else:
+        exact_pass = report.exact_pass and report.exact_delta <= delta * (1 + DELTA_RELATIVE_TOLERANCE)
+        realized_pass = report.realized_pass and report.realized_delta <= delta
+    empirical_pass = report.empirical_pass and report.empirical_lower_bound <= eps2
+    return dataclasses.replace(report, epsilon=float(eps2), delta=report.delta if report.pure else float(delta),
+                               exact_pass=bool(exact_pass), realized_pass=bool(realized_pass),
+                               empirical_pass=bool(empirical_pass))
+
+
+def _run_params(args: argparse.Namespace) -> int:
+    """``rpwjax audit --params FILE``: the record's verification (:func:`rpwjax.verify.check_record`) and the
+    exact, realized and empirical checks of its parameters, against the epsilon_mechanism and delta it states."""
+    import json
+
+    from . import io, verify
+
+    if args.mechanism is not None or args.epsilon is not None:
+        raise InputError("give either --params FILE or --mechanism/--epsilon, not both: a saved fit states its own "
+                         "mechanism and epsilon")
+    samples = _check_count(args.samples, "samples")
+    seed = _check_count(getattr(args, "seed", 0), "seed", 0)
+    params, record = verify.check_record(io.read_json(args.params))
+    keys = realized.key_space_check()
+    report, broken = None, []
+    if params is not None:
+        try:
+            report = audit_mechanism(params, samples=samples, seed=seed, name=record["mechanism"])
+            report = _judged_against(report, record["epsilon_mechanism"], record["delta"])
+        except Exception as err:  # noqa: BLE001 - parameters that break the audit fail it
+            broken.append(f"{args.params}: could not be audited: {type(err).__name__}: {err}")
+    ok = bool(record["pass"] and report is not None and report.passed and not broken and keys["pass"])
+    if getattr(args, "json", False):
+        obj = report.to_json() if report is not None else {"mechanism": record["mechanism"]}
+        obj.update(params_file=str(args.params), record_pass=record["pass"], record_problems=record["problems"],
+                   verified=record, key_check_pass=keys["pass"], errors=broken, **{"pass": ok})
+        print(json.dumps(obj))
+        return 0 if ok else 1
+    if report is not None:
+        print(format_table([report]))
+    _print_legend(samples, keys)
+    recomputed = record.get("epsilon_mechanism_recomputed")
+    print(f"record: {args.params}: states epsilon={record['epsilon']} (prior {record['epsilon_prior']} + mechanism "
+          f"{record['epsilon_mechanism']}), delta={record['delta']}, prior {record['prior']}; recomputed from the "
+          f"parameters: epsilon_mechanism={recomputed}; checks "
+          + ", ".join(f"{k}={'skipped' if v is None else 'yes' if v else 'NO'}" for k, v in record["checks"].items())
+          + f"; verified: {'yes' if record['pass'] else 'NO'}")
+    for problem in record["problems"]:
+        print(f"record: {problem}")
+    if report is not None:
+        for stage in ("exact", "realized", "empirical", "output_grid"):
+            for problem in report.details[stage].get("problems", []):
+                print(f"{report.mechanism} (epsilon={report.epsilon:g}): {stage}: {problem}")
+    for problem in keys["problems"]:
+        print(f"keys: {problem}")
+    for line in broken:
+        print(line)
     return 0 if ok else 1

@@ -1,0 +1,340 @@
+"""Params files are verified, not trusted (rpwjax.verify; ``privatize --params``, ``audit --params``).
+
+Honest files of every mechanism come from ``rpwjax fit --save`` with the default
+private prior and a key file from ``rpwjax keygen``; the edited ones change a
+field by hand, as anyone holding the file could.
+"""
+
+import copy
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+from rpwjax import api, cli, verify
+from rpwjax.errors import InputError
+
+MECHANISMS = list(api.MECHANISMS)
+
+
+def run(argv, capsys):
+    code = cli.main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    d = tmp_path_factory.mktemp("verify")
+    assert cli.main(["keygen", "-o", str(d / "key")]) == 0
+    rng = np.random.default_rng(5)
+    np.savetxt(d / "train.txt", rng.beta(2, 5, 3000))
+    pacsv.write_csv(pa.table({"id": np.arange(500), "y": rng.beta(2, 5, 500)}), d / "small.csv")
+    for mechanism in MECHANISMS:
+        assert cli.main(["fit", "--labels", str(d / "train.txt"), "--range", "0", "1", "--mechanism", mechanism,
+                         "--epsilon", "1", "--key-file", str(d / "key"), "--save", str(d / f"{mechanism}.json")]) == 0
+    assert cli.main(["fit", "--labels", str(d / "train.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
+                     "--epsilon", "1", "--prior", "empirical", "--save", str(d / "empirical.json")]) == 0
+    assert cli.main(["fit", "--labels", str(d / "train.txt"), "--range", "0", "1", "--mechanism", "rr-on-bins",
+                     "--epsilon", "2", "--seed", "7", "--save", str(d / "seeded.json")]) == 0
+    return d
+
+
+def record(d, name):
+    return json.loads((d / f"{name}.json").read_text())
+
+
+def write(tmp_path, rec, name="edited.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(rec))
+    return path
+
+
+def privatize(d, out, params_path, capsys, *extra):
+    return run(["privatize", d / "small.csv", "-o", out, "--label-column", "y", "--params", params_path,
+                "--key-file", d / "key", "--quiet", *extra], capsys)
+
+
+def assert_refused(d, tmp_path, rec, capsys, *named):
+    """privatize exits 2 with one line naming every string in ``named``, and writes nothing."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    code, _, err = privatize(d, out_dir / "o.csv", write(tmp_path, rec), capsys)
+    assert code == 2, err
+    assert err.count("\n") == 1 and "params file refused" in err
+    for text in named:
+        assert text in err, (text, err)
+    assert list(out_dir.iterdir()) == []  # no output, no sidecar, no temporary file
+    return err
+
+
+# --------------------------------------------------------------------------- honest files
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_honest_file_of_every_mechanism_verifies(saved, mechanism):
+    rec = record(saved, mechanism)
+    params, report = verify.verify_record(rec)
+    assert params.name == mechanism and report["pass"] and report["problems"] == []
+    assert report["checks"] == {"fields": True, "prior": True, "parameters": True, "exact": True, "realized": True}
+    eps2 = rec["epsilon_mechanism"]
+    assert report["epsilon"] == rec["epsilon"] == 1.0 and report["epsilon_mechanism"] == eps2
+    recomputed = report["epsilon_mechanism_recomputed"]
+    assert recomputed <= eps2 + 1e-9 and recomputed == pytest.approx(eps2, rel=1e-6)
+    if params.pure:
+        assert report["delta"] == 0.0 and report["guarantee"] == "eps-DP"
+        assert report["exact_max_log_ratio"] <= eps2 + 1e-9
+        assert report["realized_max_log_ratio"] <= eps2 + 1e-6
+    else:
+        assert report["guarantee"] == "(eps, delta)-DP"
+        assert report["delta_recomputed"] <= rec["delta"] * (1 + 1e-9)
+        assert report["realized_delta"] <= rec["delta"]
+    uses_prior = api.MECHANISMS[mechanism][3]
+    assert report["prior"] == ("private-histogram" if uses_prior else "none")
+    assert (rec["epsilon_prior"] > 0) == uses_prior
+    json.dumps(report, allow_nan=False)  # a sidecar-ready object
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_privatize_with_an_honest_file_reports_what_was_verified(saved, tmp_path, mechanism, capsys):
+    out = tmp_path / "o.csv"
+    code, _, err = privatize(saved, out, saved / f"{mechanism}.json", capsys)
+    assert code == 0, err
+    side = json.loads((tmp_path / "o.csv.json").read_text())
+    rec = record(saved, mechanism)
+    assert side["epsilon"] == rec["epsilon"] and side["params"] == rec["params"]
+    verified = side["verified"]
+    assert verified["pass"] is True and verified["verifier"] == "rpwjax.verify.verify_record"
+    assert verified["mechanism"] == mechanism and verified["epsilon_mechanism"] == rec["epsilon_mechanism"]
+    assert all(verified["checks"].values())
+    assert verified["epsilon_mechanism_recomputed"] <= rec["epsilon_mechanism"] + 1e-9
+    key = "realized_max_log_ratio" if rec["pure_dp"] else "realized_delta"
+    assert key in verified and "not_verifiable" in verified
+    assert verified["output_range"] == side["output_range"]
+
+
+def test_seeded_fit_and_one_element_list_verify(saved):
+    params, report = verify.verify_record([record(saved, "seeded")])
+    assert params.name == "rr-on-bins" and report["epsilon"] == 2.0 and report["pass"]
+
+
+def test_empirical_prior_file_verifies_and_still_needs_prior_is_public(saved, tmp_path, capsys):
+    _, report = verify.verify_record(record(saved, "empirical"))
+    assert report["prior"] == "empirical" and report["epsilon_prior"] == 0.0
+    code, _, err = privatize(saved, tmp_path / "o.csv", saved / "empirical.json", capsys)
+    assert code == 2 and "--prior-is-public" in err and not (tmp_path / "o.csv").exists()
+    code, _, err = privatize(saved, tmp_path / "o.csv", saved / "empirical.json", capsys, "--prior-is-public")
+    assert code == 0, err
+    assert json.loads((tmp_path / "o.csv.json").read_text())["verified"]["prior"] == "empirical"
+
+
+# --------------------------------------------------------------------------- the cases of issue 15
+
+
+def test_laplace_edited_to_epsilon_100_is_refused(saved, tmp_path, capsys):
+    rec = record(saved, "laplace")
+    assert rec["epsilon"] == 1.0
+    rec["params"]["epsilon"], rec["params"]["scale"] = 100.0, 0.05
+    api.load_params(rec)  # the mechanism's own validation alone lets it through
+    with pytest.raises(InputError, match=r"params\.epsilon=100\.0 disagrees with epsilon_mechanism=1\.0"):
+        verify.verify_record(rec)
+    _, report = verify.check_record(rec)
+    assert report["epsilon_mechanism_recomputed"] == pytest.approx(20.0)
+    assert report["checks"]["parameters"] is False and report["realized_max_log_ratio"] > 19
+    assert_refused(saved, tmp_path, rec, capsys, "params.epsilon=100.0", "epsilon_mechanism=1.0")
+
+
+def test_rpwithprior_edited_to_epsilon_5_is_refused(saved, tmp_path, capsys):
+    rec = record(saved, "rpwithprior")
+    eps2 = rec["epsilon_mechanism"]
+    rec["params"]["epsilon"] = 5.0
+    with pytest.raises(InputError, match=rf"params\.epsilon=5\.0 disagrees with epsilon_mechanism={eps2!r}"):
+        verify.verify_record(rec)
+    _, report = verify.check_record(rec)
+    assert report["exact_max_log_ratio"] == pytest.approx(5.0) and report["realized_max_log_ratio"] > 4.9
+    assert any(p.startswith("params.gamma=") for p in report["problems"])  # the saved gamma disagrees too
+    assert_refused(saved, tmp_path, rec, capsys, "params.epsilon=5.0", f"epsilon_mechanism={eps2!r}")
+
+
+def test_gaussian_edited_to_pure_is_refused(saved, tmp_path, capsys):
+    rec = record(saved, "gaussian")
+    rec["pure_dp"], rec["delta"] = True, 0.0
+    with pytest.raises(InputError, match=r"pure_dp=True disagrees with the gaussian mechanism.*pure_dp=False"):
+        verify.verify_record(rec)
+    _, report = verify.check_record(rec)
+    assert any(p == "delta=0.0 disagrees with params.delta=1e-05" for p in report["problems"])
+    err = assert_refused(saved, tmp_path, rec, capsys, "pure_dp=True", "delta=0.0 disagrees with params.delta=1e-05")
+    assert "(epsilon, delta)-DP" in err
+
+
+def test_parameters_less_private_than_stated_are_refused_by_recomputation(saved, tmp_path, capsys):
+    # an unbiased randomizer's matrix is not validated when read: only the recomputation sees the edit
+    rec = record(saved, "unbiased")
+    q = np.asarray(rec["params"]["probabilities"])
+    column = int(np.argmax(q[0]))
+    q[0, column] *= 20
+    q[0] /= q[0].sum()
+    rec["params"]["probabilities"] = q.tolist()
+    eps2 = rec["epsilon_mechanism"]
+    with pytest.raises(InputError, match=rf"the parameters are [0-9.]+-DP .* less private than epsilon_mechanism="
+                                         rf"{eps2!r}"):
+        verify.verify_record(rec)
+    _, report = verify.check_record(rec)
+    assert report["epsilon_mechanism_recomputed"] > eps2 + 1
+    assert report["checks"]["exact"] is False and report["checks"]["realized"] is False
+    assert_refused(saved, tmp_path, rec, capsys, "less private than epsilon_mechanism")
+
+
+def test_consistent_but_larger_claim_is_accepted_and_reported(saved):
+    # every stated field says 100 and the parameters are 20-DP: the file claims less than it could, which is fine
+    rec = record(saved, "laplace")
+    rec["epsilon"] = rec["epsilon_mechanism"] = rec["params"]["epsilon"] = 100.0
+    rec["params"]["scale"] = 0.05
+    _, report = verify.verify_record(rec)
+    assert report["epsilon"] == 100.0 and report["epsilon_mechanism_recomputed"] == pytest.approx(20.0)
+
+
+# --------------------------------------------------------------------------- every field
+
+
+def _edit(saved, name, change):
+    rec = record(saved, name)
+    change(rec)
+    return rec
+
+
+def _set(path, value):
+    def change(rec):
+        target = rec
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+
+    return change
+
+
+def _prior_none(rec):
+    rec["prior"] = {"kind": "none", "bins": None}
+    rec["epsilon"], rec["epsilon_prior"] = rec["epsilon_mechanism"], 0.0
+
+
+def _private_prior_for_free(rec):
+    rec["epsilon"], rec["epsilon_prior"] = rec["epsilon_mechanism"], 0.0
+
+
+def _empirical_that_costs(rec):
+    rec["epsilon"], rec["epsilon_prior"] = rec["epsilon_mechanism"] + 0.1, 0.1
+
+
+FIELD_EDITS = [
+    ("laplace", _set(["epsilon"], 2.0), r"epsilon=2\.0 disagrees with epsilon_prior \+ epsilon_mechanism"),
+    ("rpwithprior", _set(["epsilon_prior"], 0.2), r"epsilon=1\.0 disagrees with epsilon_prior \+ epsilon_mechanism = "
+                                                  r"0\.2 \+ 0\.9"),
+    ("laplace", _set(["epsilon_mechanism"], 0.5), r"epsilon=1\.0 disagrees with epsilon_prior \+ epsilon_mechanism"),
+    ("staircase", _set(["params", "epsilon"], 1.5), r"params\.epsilon=1\.5 disagrees with epsilon_mechanism=1\.0"),
+    ("rr-on-bins", _set(["params", "epsilon"], 3.0), r"params\.epsilon=3\.0 disagrees with epsilon_mechanism=0\.9"),
+    ("laplace", _set(["range"], [0.0, 2.0]), r"range=\[0\.0, 2\.0\] disagrees with \[params\.lo, params\.hi\]="
+                                             r"\[0\.0, 1\.0\]"),
+    ("laplace", _set(["pure_dp"], False), r"pure_dp=False disagrees with the laplace mechanism, which is pure"),
+    ("staircase", _set(["delta"], 1e-5), r"delta=1e-05 disagrees with the staircase mechanism, which is pure"),
+    ("gaussian", _set(["delta"], 1e-3), r"delta=0\.001 disagrees with params\.delta=1e-05"),
+    ("gaussian", _set(["pure_dp"], True), r"pure_dp=True disagrees with the gaussian mechanism"),
+    ("rpwithprior", _private_prior_for_free, r"prior\.kind='private-histogram' costs privacy, but epsilon_prior=0\.0"),
+    ("empirical", _empirical_that_costs, r"prior\.kind='empirical' spends no privacy budget, but epsilon_prior=0\.1"),
+    ("rr-on-bins", _prior_none, r"prior\.kind='none' disagrees with mechanism='rr-on-bins'"),
+    ("unbiased", _set(["prior", "bins"], 16), r"prior\.bins=16 disagrees with the 32 saved prior\.masses"),
+    ("rpwithprior", _set(["prior", "kind"], "public"), r"prior\.kind must be one of .*got prior\.kind='public'"),
+    ("rpwithprior", _set(["params", "gamma"], 0.5), r"params\.gamma=0\.5 disagrees with 2\*zeta"),
+    ("laplace", _set(["epsilon"], "1"), r"epsilon must be a finite number, got epsilon='1'"),
+    ("laplace", lambda rec: rec.pop("epsilon_mechanism"), r"field 'epsilon_mechanism' is missing"),
+    ("gaussian", lambda rec: rec.pop("delta"), r"field 'delta' is missing"),
+    ("laplace", _set(["params", "scale"], 0.5), r"Laplace scale must be at least"),
+]
+
+
+@pytest.mark.parametrize("name, change, message", FIELD_EDITS, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(FIELD_EDITS)])
+def test_each_field_inconsistency_is_refused_naming_the_field(saved, name, change, message):
+    rec = _edit(saved, name, change)
+    with pytest.raises(InputError, match=message):
+        verify.verify_record(rec)
+    _, report = verify.check_record(copy.deepcopy(rec), exact=False, realized=False)
+    assert report["pass"] is False and report["problems"]
+
+
+def test_prior_edges_off_the_range_are_refused(saved):
+    rec = record(saved, "rpwithprior")
+    rec["prior"]["edges"] = (np.asarray(rec["prior"]["edges"]) * 2).tolist()
+    with pytest.raises(InputError, match=r"prior\.edges span \[0\.0, 2\.0\], range is \[0\.0, 1\.0\]"):
+        verify.verify_record(rec)
+
+
+def test_field_refusals_through_the_cli(saved, tmp_path, capsys):
+    rec = _edit(saved, "laplace", _set(["range"], [0.0, 2.0]))
+    assert_refused(saved, tmp_path, rec, capsys, "range=[0.0, 2.0]", "[params.lo, params.hi]=[0.0, 1.0]")
+
+
+def test_not_a_record_is_still_an_input_error(tmp_path):
+    with pytest.raises(InputError, match="not an rpwjax fit record"):
+        verify.verify_record({"hello": 1})
+    with pytest.raises(InputError, match="exactly one fit"):
+        verify.verify_record([])
+
+
+def test_report_is_json_without_infinities(saved):
+    rec = record(saved, "unbiased")
+    q = np.asarray(rec["params"]["probabilities"])
+    used = np.flatnonzero(q.max(axis=0) > 0)
+    q[0, used[len(used) // 2]] = 0.0  # one row can no longer emit an output the others can: an infinite ratio
+    q[0] /= q[0].sum()
+    rec["params"]["probabilities"] = q.tolist()
+    _, report = verify.check_record(rec)
+    assert report["epsilon_mechanism_recomputed"] == "inf" and not report["pass"]
+    json.dumps(report, allow_nan=False)
+    assert math.isinf(float(report["epsilon_mechanism_recomputed"]))
+
+
+# --------------------------------------------------------------------------- rpwjax audit --params
+
+
+def test_audit_params_passes_on_an_honest_file(saved, capsys):
+    code, out, err = run(["audit", "--params", saved / "rr-on-bins.json", "--samples", "20000"], capsys)
+    assert code == 0, out + err
+    assert "rr-on-bins" in out and "claimed eps" in out and "verified: yes" in out and " NO" not in out
+    code, out, err = run(["audit", "--params", saved / "gaussian.json", "--samples", "20000", "--json"], capsys)
+    assert code == 0, out + err
+    (line,) = [json.loads(x) for x in out.splitlines()]
+    assert line["pass"] is True and line["record_pass"] is True and line["record_problems"] == []
+    assert line["verified"]["checks"]["realized"] is True and line["mechanism"] == "gaussian"
+
+
+def test_audit_params_fails_on_an_edited_file(saved, tmp_path, capsys):
+    rec = record(saved, "rpwithprior")
+    eps2 = rec["epsilon_mechanism"]
+    rec["params"]["epsilon"] = 5.0
+    path = write(tmp_path, rec)
+    code, out, _ = run(["audit", "--params", path, "--samples", "20000"], capsys)
+    assert code == 1
+    assert f"record: params.epsilon=5.0 disagrees with epsilon_mechanism={eps2!r}" in out
+    assert "verified: NO" in out and " NO" in out.splitlines()[2]  # the table row, judged at the stated epsilon
+    code, out, _ = run(["audit", "--params", path, "--samples", "20000", "--json"], capsys)
+    (line,) = [json.loads(x) for x in out.splitlines()]
+    assert code == 1 and line["pass"] is False and line["record_pass"] is False
+    assert line["epsilon"] == eps2 and line["exact_pass"] is False and line["realized_pass"] is False
+
+
+def test_audit_params_reports_a_file_whose_parameters_do_not_parse(saved, tmp_path, capsys):
+    rec = _edit(saved, "laplace", _set(["params", "scale"], 0.5))
+    code, out, _ = run(["audit", "--params", write(tmp_path, rec), "--samples", "1000"], capsys)
+    assert code == 1 and "record: params file for laplace" in out and "Laplace scale must be at least" in out
+
+
+def test_audit_params_argument_errors(saved, tmp_path, capsys):
+    code, _, err = run(["audit", "--params", saved / "laplace.json", "--mechanism", "laplace"], capsys)
+    assert code == 2 and "either --params FILE or --mechanism/--epsilon" in err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"hello": 1}))
+    code, _, err = run(["audit", "--params", bad], capsys)
+    assert code == 2 and "not an rpwjax fit record" in err
