@@ -260,18 +260,24 @@ def prior_from_record(record: dict) -> Prior | None:
     return histogram_prior(saved["edges"], saved["masses"], kind=saved.get("kind", "histogram"))
 
 
-def load_params(record: dict) -> tuple[Mechanism, dict]:
-    """Parameters for ONE ε from a ``--save`` record (or a one-element ``fit --json`` list).
-
-    This only parses (with each mechanism's own ``from_json`` validation); it does not check that the record's
-    stated ε and δ hold for the parameters. :func:`rpwjax.verify.verify_record` does (``privatize --params`` runs it).
-    """
+def one_record(record) -> dict:
+    """The single fit record of a params file (a ``--save`` object or a one-element ``fit --json`` list)."""
     if isinstance(record, list):
         if len(record) != 1:
             raise InputError(f"a params file must hold exactly one fit, got {len(record)}")
         record = record[0]
     if not isinstance(record, dict) or "mechanism" not in record or "params" not in record:
         raise InputError("params file is not an rpwjax fit record (needs 'mechanism' and 'params')")
+    return record
+
+
+def load_params(record: dict) -> tuple[Mechanism, dict]:
+    """Parameters for ONE ε from a ``--save`` record (or a one-element ``fit --json`` list).
+
+    This only parses (with each mechanism's own ``from_json`` validation); it does not check that the record's
+    stated ε and δ hold for the parameters. :func:`rpwjax.verify.verify_record` does (``privatize --params`` runs it).
+    """
+    record = one_record(record)
     _, cls, _ = _entry(record["mechanism"])
     try:
         params = cls.from_json(record["params"])

@@ -795,14 +795,7 @@ def run(args: argparse.Namespace) -> int:
         if reports:
             print(format_table(reports))
         _print_legend(samples, keys)
-        for r in reports:
-            for stage in ("exact", "realized", "empirical", "output_grid"):
-                for problem in r.details[stage].get("problems", []):
-                    print(f"{r.mechanism} (epsilon={r.epsilon:g}): {stage}: {problem}")
-        for problem in keys["problems"]:
-            print(f"keys: {problem}")
-        for line in broken:
-            print(line)
+        _print_problems(reports, keys, broken)
     ok = reports and not broken and keys["pass"] and all(r.passed for r in reports)
     return 0 if ok else 1
 
@@ -879,12 +872,16 @@ def _run_params(args: argparse.Namespace) -> int:
           + f"; verified: {'yes' if record['pass'] else 'NO'}")
     for problem in record["problems"]:
         print(f"record: {problem}")
-    if report is not None:
+    _print_problems([report] if report is not None else [], keys, broken)
+    return 0 if ok else 1
+
+
+def _print_problems(reports, keys, broken):
+    for r in reports:
         for stage in ("exact", "realized", "empirical", "output_grid"):
-            for problem in report.details[stage].get("problems", []):
-                print(f"{report.mechanism} (epsilon={report.epsilon:g}): {stage}: {problem}")
+            for problem in r.details[stage].get("problems", []):
+                print(f"{r.mechanism} (epsilon={r.epsilon:g}): {stage}: {problem}")
     for problem in keys["problems"]:
         print(f"keys: {problem}")
     for line in broken:
         print(line)
-    return 0 if ok else 1

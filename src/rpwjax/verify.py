@@ -76,16 +76,6 @@ UNVERIFIABLE = ("epsilon_prior is accounted as stated: a private histogram's noi
                 "from the file; nor can the file show that the parameters were fitted to the saved prior")
 
 
-def _one_record(record) -> dict:
-    if isinstance(record, list):
-        if len(record) != 1:
-            raise InputError(f"a params file must hold exactly one fit, got {len(record)}")
-        record = record[0]
-    if not isinstance(record, dict) or "mechanism" not in record or "params" not in record:
-        raise InputError("params file is not an rpwjax fit record (needs 'mechanism' and 'params')")
-    return record
-
-
 def _number(record: dict, name: str, problems: list[str]) -> float | None:
     """A stated finite real number (not a bool), or None with a problem."""
     if name not in record:
@@ -439,9 +429,9 @@ def check_record(record, *, exact: bool = True, realized: bool = True, stop_earl
     skipped once the fields or the recomputed guarantee have failed. A value
     that is not a fit record at all raises :class:`InputError`.
     """
-    from .api import _entry, load_params
+    from .api import _entry, load_params, one_record
 
-    record = _one_record(record)
+    record = one_record(record)
     _, cls, uses_prior = _entry(record["mechanism"])
     problems: list[str] = []
     stages: dict[str, bool] = {}
