@@ -182,6 +182,12 @@ def cmd_privatize(args) -> int:
         if args.mechanism is not None or args.epsilon is not None:
             raise InputError("give either --params or fit options (--mechanism/--epsilon), not both")
         params, record = load_params(io.read_json(args.params))
+        from .verify import verify_record
+
+        # nothing in the file is taken on trust: its guarantee is recomputed from the parameters (refused if weaker
+        # than stated or if its fields disagree) before anything is written, and the sidecar says what was verified
+        params, verified = verify_record(record)
+        record = dict(record, verified=verified)
         prior = prior_from_record(record)
         if record.get("prior", {}).get("kind") == "empirical" and not args.prior_is_public:
             raise InputError(
