@@ -146,14 +146,16 @@ def _bad_table(tmp_path, values, fmt="csv"):
 @pytest.mark.parametrize(
     "values, extra, message",
     [
-        ([0.1, float("nan"), 0.3], [], "missing value at row 1"),  # CSV writes NaN as an empty cell
-        ([0.1, 0.2, 7.0], [], "labels[2]=7.0"),
+        # the 1-based data row and the physical line (the header is line 1)
+        ([0.1, float("nan"), 0.3], [], "label nan in column 'value' is not a finite number, at data row 2 (line 3)"),
+        ([0.1, 0.2, 7.0], [], "label 7.0 in column 'value' lies outside the public range [0.0, 1.0], at data row 3 "
+                              "(line 4)"),
         ([0.1, 0.2], ["--epsilon", "0"], "epsilon=0.0"),
         ([0.1, 0.2], ["--epsilon", "-2"], "epsilon=-2.0"),
         ([0.1, 0.2], ["--zeta", "0"], "zeta=0.0"),
         ([0.1, 0.2], ["--range", "1", "0"], "lo=1.0, hi=0.0"),
         ([0.1, 0.2], ["--prior", "private", "--prior-epsilon", "1.5"], "prior_epsilon=1.5"),
-        ([], [], "empty"),
+        ([], [], "has no rows"),
     ],
 )
 def test_privatize_bad_input_fails_cleanly_with_no_output(tmp_path, capsys, values, extra, message):
@@ -176,7 +178,8 @@ def test_nan_in_parquet_is_named(tmp_path, capsys):
     out = tmp_path / "o.parquet"
     code, _, err = run(["privatize", str(src), "-o", str(out), "--label-column", "value",
                         "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--quiet"], capsys)
-    assert code != 0 and "labels[1]=nan" in err and not out.exists()
+    assert code == 2 and "label nan in column 'value' is not a finite number, at data row 2 of" in err
+    assert not out.exists()
 
 
 def test_bad_value_in_a_late_chunk_leaves_no_output(tmp_path, capsys, files):
@@ -189,7 +192,7 @@ def test_bad_value_in_a_late_chunk_leaves_no_output(tmp_path, capsys, files):
     out = tmp_path / "out.parquet"
     code, _, err = run(["privatize", str(src), "-o", str(out), "--label-column", "value",
                         "--params", str(params), "--chunk-rows", "1000", "--quiet"], capsys)
-    assert code != 0 and "row 3000" in err and "labels[0]=2.0" in err
+    assert code == 2 and "label 2.0 in column 'value' lies outside" in err and "at data row 3001 of" in err
     assert not out.exists()
 
 
@@ -213,7 +216,8 @@ def test_clip_flag_clips_instead_of_refusing(tmp_path, capsys):
     # without --clip the same file is refused
     code, _, err = run(["privatize", str(src), "-o", str(tmp_path / "refused.csv"), "--label-column", "value",
                         "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--quiet"], capsys)
-    assert code != 0 and "labels[2]=7.0" in err and not (tmp_path / "refused.csv").exists()
+    assert code == 2 and "label 7.0" in err and "data row 3 (line 4)" in err
+    assert not (tmp_path / "refused.csv").exists()
 
 
 def test_save_needs_exactly_one_epsilon(files, tmp_path, capsys):

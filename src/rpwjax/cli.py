@@ -1,7 +1,10 @@
 """The ``rpwjax`` command line (SPEC section 6): a thin layer over the library.
 
-Errors print one line on stderr naming the problem and exit non-zero;
-nothing half-written is left behind.
+Errors print one line on stderr naming the problem and the value: exit 2 for
+bad input (including a bad command line), 1 for I/O errors. ``SIGINT`` and
+``SIGTERM`` stop a run with one line and exit 130 and 143. Nothing
+half-written is left behind (:func:`rpwjax.io.atomic_outputs`). Warnings are
+printed as one line each.
 """
 
 from __future__ import annotations
@@ -9,14 +12,33 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
+import warnings
 from pathlib import Path
 
 from . import __version__
 
 DEFAULT_BINS_CLI = 32
+MAX_BINS = 1024  # --bins lies in [1, MAX_BINS]: RR-on-Bins' fit grows with the square of the bins
 
 EXIT_INPUT = 2
+EXIT_IO = 1
+EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: unwinds like KeyboardInterrupt, so every atomic output removes its temporary files."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, like every other bad input
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _add_fit_options(p: argparse.ArgumentParser, *, many_epsilons: bool, required: bool):
@@ -27,15 +49,16 @@ def _add_fit_options(p: argparse.ArgumentParser, *, many_epsilons: bool, require
         "--epsilon", type=float, nargs="+" if many_epsilons else None, required=required,
         help="total privacy budget" + (" (one or more values)" if many_epsilons else ""),
     )
-    p.add_argument("--zeta", default="auto", help="RPWithPrior window half-width (label units) or 'auto' (default)")
-    p.add_argument("--objective", choices=["neighborhood", "inside"], default="neighborhood",
+    p.add_argument("--zeta", default=None, help="RPWithPrior window half-width (label units) or 'auto' (default)")
+    p.add_argument("--objective", choices=["neighborhood", "inside"], default=None,
                    help="RPWithPrior interval objective (default neighborhood)")
-    p.add_argument("--prior", choices=["private", "empirical"], default="private",
+    p.add_argument("--prior", choices=["private", "empirical"], default=None,
                    help="private (default): Hist_eps, epsilon_1 for a noisy histogram; empirical: the known-prior "
                         "setting (all of epsilon to the mechanism, private only if that prior is public)")
     p.add_argument("--prior-epsilon", type=float, default=None,
                    help="epsilon_1 spent on the private histogram (default 0.1*epsilon)")
-    p.add_argument("--bins", type=int, default=DEFAULT_BINS, help=f"bins of the private histogram (default {DEFAULT_BINS})")
+    p.add_argument("--bins", type=int, default=None,
+                   help=f"bins of the private histogram, 1 to {MAX_BINS} (default {DEFAULT_BINS})")
     p.add_argument("--delta", type=float, default=None, help="delta of the Gaussian mechanism (default 1e-5)")
     p.add_argument("--calibration", choices=["analytic", "classic"], default=None,
                    help="Gaussian sigma: analytic (default) or classic (the paper's)")
@@ -45,8 +68,9 @@ def _add_fit_options(p: argparse.ArgumentParser, *, many_epsilons: bool, require
 def _mechanism_options(args) -> dict:
     opts = {}
     if args.mechanism == "rpwithprior":
-        opts["zeta"] = args.zeta if args.zeta == "auto" else _float(args.zeta, "zeta")
-        opts["objective"] = args.objective
+        zeta = "auto" if args.zeta is None else args.zeta
+        opts["zeta"] = zeta if zeta == "auto" else _float(zeta, "zeta")
+        opts["objective"] = args.objective or "neighborhood"
     if args.mechanism == "gaussian":
         if args.delta is not None:
             opts["delta"] = args.delta
@@ -73,6 +97,43 @@ def _add_secret_options(p: argparse.ArgumentParser, what: str):
                         "\"reproducible_seed\": true, not for production)")
 
 
+def _check_bins(bins, name="--bins"):
+    from .errors import InputError
+
+    if bins is not None and not 1 <= bins <= MAX_BINS:
+        raise InputError(f"{name} must be an integer from 1 to {MAX_BINS}, got {bins}")
+
+
+def _check_fit_options(args, *, spend_prior: bool):
+    """Refuse fit options that would do nothing for this mechanism and prior (instead of ignoring them)."""
+    from .api import MECHANISMS
+    from .errors import InputError
+
+    _check_bins(args.bins)
+    _check_prior_epsilon(args)
+    mechanism = args.mechanism
+    for flag, value, owner in (("--zeta", args.zeta, "rpwithprior"), ("--objective", args.objective, "rpwithprior"),
+                               ("--delta", args.delta, "gaussian"), ("--calibration", args.calibration, "gaussian")):
+        if value is not None and mechanism != owner:
+            raise InputError(f"{flag} {value} does nothing for --mechanism {mechanism} (it applies to {owner} only)")
+    uses_prior = MECHANISMS[mechanism][3] or spend_prior
+    if (args.prior or "private") == "empirical":
+        if args.bins is not None:
+            raise InputError(f"--bins {args.bins} does nothing under --prior empirical (no histogram is built): "
+                             "drop it or use --prior private")
+    elif not uses_prior:
+        for flag, value in (("--prior", args.prior), ("--bins", args.bins), ("--prior-epsilon", args.prior_epsilon)):
+            if value is not None:
+                raise InputError(f"{flag} {value} does nothing for --mechanism {mechanism}: it uses no prior and "
+                                 "spends nothing on one (with privatize --denoise posterior it does)")
+
+
+def _add_encoding_option(p: argparse.ArgumentParser):
+    p.add_argument("--encoding", default=None,
+                   help="text encoding of a CSV or text input (default utf-8; a CSV output is written in the same "
+                        "encoding), e.g. latin-1 or cp1252")
+
+
 def _secret(args):
     from .keys import resolve_secret
 
@@ -80,16 +141,16 @@ def _secret(args):
 
 
 def _fit(args, labels, epsilon, secret):
-    from .api import fit
+    from .api import DEFAULT_BINS, fit
 
     return fit(
         args.mechanism,
         labels,
         range=tuple(args.range),
         epsilon=epsilon,
-        prior=args.prior,
+        prior=args.prior or "private",
         prior_epsilon=args.prior_epsilon,
-        bins=args.bins,
+        bins=DEFAULT_BINS if args.bins is None else args.bins,
         secret=secret,
         clip=args.clip,
         spend_prior=getattr(args, "denoise", "none") == "posterior",
@@ -99,12 +160,13 @@ def _fit(args, labels, epsilon, secret):
 
 def cmd_fit(args) -> int:
     from . import io
-    from .errors import InputError
+    from .errors import InputError, check_range
 
     if args.range is None:
         raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
-    _check_prior_epsilon(args)
-    labels = io.read_labels(args.labels, args.label_column)
+    _check_fit_options(args, spend_prior=False)
+    lo, hi = check_range(*args.range)
+    labels = io.read_labels(args.labels, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
     secret = _secret(args)
     result = _fit(args, labels, args.epsilon if len(args.epsilon) > 1 else args.epsilon[0], secret.child("fit"))
     records = result.records()
@@ -140,7 +202,7 @@ def cmd_fit(args) -> int:
 def _check_prior_epsilon(args):
     from .errors import InputError
 
-    if args.prior == "empirical" and args.prior_epsilon is not None:
+    if (args.prior or "private") == "empirical" and args.prior_epsilon is not None:
         raise InputError(f"--prior-epsilon {args.prior_epsilon:g} does nothing under --prior empirical (nothing is "
                          "spent on a known prior): drop it or use --prior private")
 
@@ -173,14 +235,22 @@ def cmd_privatize(args) -> int:
 
     from . import io
     from .api import load_params, prior_from_record
-    from .errors import InputError
-    from .privatize import privatize_file
+    from .errors import InputError, check_range
+    from .privatize import check_chunk_rows, check_row_offset, privatize_file
 
+    check_chunk_rows(args.chunk_rows)
+    check_row_offset(args.row_offset)
+    io.file_kind(args.input, what="input file")
+    io.file_kind(args.output, what="output file")
     secret = _secret(args)
     prior = None
     if args.params:
         if args.mechanism is not None or args.epsilon is not None:
             raise InputError("give either --params or fit options (--mechanism/--epsilon), not both")
+        for flag in ("zeta", "objective", "prior", "prior_epsilon", "bins", "delta", "calibration"):
+            if getattr(args, flag) is not None:
+                raise InputError(f"--{flag.replace('_', '-')} {getattr(args, flag)} does nothing with --params: the "
+                                 "params file fixes the fit (refit with `rpwjax fit` to change it)")
         params, record = load_params(io.read_json(args.params))
         from .verify import verify_record
 
@@ -196,17 +266,23 @@ def cmd_privatize(args) -> int:
                 "or refit with --prior private")
         if args.range is not None and (float(args.range[0]), float(args.range[1])) != (params.lo, params.hi):
             raise InputError(f"--range {args.range} differs from the params file's range [{params.lo}, {params.hi}]")
+        if args.prior_is_public and record.get("prior", {}).get("kind") != "empirical":
+            raise InputError(f"--prior-is-public does nothing here: params file {args.params!r} was not fitted on an "
+                             "empirical prior")
     else:
         if args.mechanism is None or args.epsilon is None:
             raise InputError("privatize needs --params PARAMS.json, or --mechanism and --epsilon to fit")
         if args.range is None:
             raise InputError("--range LO HI is required to fit: the label range is public input")
-        _check_prior_epsilon(args)
+        _check_fit_options(args, spend_prior=args.denoise == "posterior")
         if args.prior == "empirical" and not args.prior_is_public:
             raise InputError(
                 "--prior empirical makes the parameters functions of the raw labels: the release is private only if "
                 "that prior is public. Say so with --prior-is-public, or use --prior private (the default)")
-        labels = io.read_labels(args.input, args.label_column)
+        if args.prior_is_public and args.prior != "empirical":
+            raise InputError("--prior-is-public does nothing without --prior empirical")
+        lo, hi = check_range(*args.range)
+        labels = io.read_labels(args.input, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
         # the histogram noise (if any) and the release draw from independent keys derived from the secret
         result = _fit(args, labels, args.epsilon, secret.child("fit"))
         params, record = result.params, result.records()[0]
@@ -239,6 +315,7 @@ def cmd_privatize(args) -> int:
         postprocess=postprocess,
         postprocess_name="posterior-mean" if postprocess else None,
         postprocess_range=(params.lo, params.hi) if postprocess else None,  # a posterior mean lies in the range
+        encoding=args.encoding,
     )
     return 0
 
@@ -270,8 +347,10 @@ def cmd_curves(args) -> int:
     if args.data is not None:
         if args.label_column is None or args.range is None:
             raise InputError("--data needs --label-column COL and --range LO HI (the range is public input)")
+        _check_bins(args.bins)
         dataset = load_table(args.data, args.label_column, args.range[0], args.range[1], clip=args.clip)
     else:
+        _check_bins(args.bins)
         dataset = load_dataset(args.dataset)
     config = SweepConfig(
         mechanisms=tuple(args.mechanisms) if args.mechanisms else SweepConfig.mechanisms,
@@ -291,48 +370,54 @@ PIPELINES = ("linear-prior", "two-stage", "two-stage-unbiased", "two-stage-rpwit
 
 
 def cmd_privatize_table(args) -> int:
-    """The feature-aware pipelines on a user's table: every row's label replaced, in memory."""
-    import json
+    """The feature-aware pipelines on a user's table: every row's label replaced, in memory.
 
+    The output keeps every other column as it came in (as ``privatize`` does).
+    """
     import numpy as np
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
 
     from . import io, twostage
-    from .datasets import _read_table, load_table
-    from .keys import secret_record
-    from .errors import InputError, check_epsilon
+    from .datasets import load_table
+    from .errors import InputError, check_epsilon, check_range
     from .experiments import VARIANTS
+    from .keys import secret_record
+    from .privatize import DEFAULT_CHUNK_ROWS
 
     if args.range is None:
         raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
     eps = float(check_epsilon(args.epsilon))
-    kind = io.file_kind(args.output, what="output")
-    io.file_kind(args.input, what="input")
+    lo, hi = check_range(*args.range)
+    kind = io.file_kind(args.output, what="output file")
+    io.file_kind(args.input, what="input file")
     if Path(args.input).resolve() == Path(args.output).resolve():
         raise InputError(f"output must not overwrite the input, got {args.output!r}")
-    if args.epochs < 1:
-        raise InputError(f"epochs must be a positive integer, got epochs={args.epochs!r}")
-    data = load_table(args.input, args.label_column, args.range[0], args.range[1], clip=args.clip)
+    two_stage = args.pipeline.startswith("two-stage")
+    if args.epochs is not None and not two_stage:
+        raise InputError(f"--epochs {args.epochs} does nothing for --pipeline {args.pipeline} (it trains no stage "
+                         "model; the two-stage pipelines do)")
+    epochs = 50 if args.epochs is None else args.epochs
+    if epochs < 1:
+        raise InputError(f"epochs must be a positive integer, got epochs={epochs!r}")
+    secret = _secret(args)
+    source = io.TableSource(args.input, args.label_column, encoding=args.encoding)
+    # every label checked first, so that errors name the data row and line
+    io.read_labels(args.input, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
+    data = load_table(args.input, args.label_column, lo, hi, clip=args.clip, encoding=args.encoding)
     x = data.features.astype(np.float64)
     scale = x.std(axis=0)
     x = ((x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)).astype(np.float32)  # features are public
-    y, lo, hi = data.labels, data.lo, data.hi
-    secret = _secret(args)
+    y = data.labels
     if args.pipeline == "linear-prior":
         labels, record = twostage.linear_prior_labels(x, y, lo, hi, eps, secret=secret, **VARIANTS["linear-prior"])
     elif args.pipeline == "calibrated":
         labels, record = twostage.calibrated_denoised(y, lo, hi, eps, secret=secret)
     else:
         config = twostage.TwoStageConfig(**VARIANTS[args.pipeline])
-        run = twostage.two_stage_labels(x, y, lo, hi, eps, secret=secret, config=config, epochs=args.epochs)
+        run = twostage.two_stage_labels(x, y, lo, hi, eps, secret=secret, config=config, epochs=epochs)
         labels, record = run.labels, run.record
+    labels = np.asarray(labels, dtype=np.float64)
     if labels.shape != y.shape or not np.all(np.isfinite(labels)):
         raise RuntimeError("the pipeline produced labels of the wrong shape or non-finite labels")
-    table = _read_table(Path(args.input))
-    index = table.column_names.index(args.label_column)
-    table = table.set_column(index, pa.field(args.label_column, pa.float64()), pa.array(labels, pa.float64()))
     sidecar = {
         "format_version": 1, "pipeline": args.pipeline, "rows": int(y.size),
         "feature_columns": list(data.feature_names), "label_column": args.label_column,
@@ -340,15 +425,15 @@ def cmd_privatize_table(args) -> int:
         "accounting": record,
         **secret_record(secret),
     }
-    json.dumps(sidecar, allow_nan=False)  # fail before writing anything
+    text = json.dumps(sidecar, indent=2, allow_nan=False,
+                      default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n"  # fail before writing
     out = Path(args.output)
-    with io.atomic_path(out) as tmp, io.atomic_path(out.with_name(out.name + ".json")) as tmp_json:
-        if kind == ".parquet":
-            pq.write_table(table, tmp)
-        else:
-            pacsv.write_csv(table, tmp)
-        tmp_json.write_text(json.dumps(sidecar, indent=2, default=lambda v: v.item() if hasattr(v, "item") else str(v))
-                            + "\n")
+    with io.atomic_outputs(out, out.with_name(out.name + ".json")) as (tmp, tmp_json):
+        rows = io.copy_with_labels(source, tmp, kind, lambda first, _: labels[first - 1: first - 1 + _.size],
+                                   chunk_rows=DEFAULT_CHUNK_ROWS)
+        if rows != y.size:
+            raise InputError(f"{args.input!r} changed while it was read ({y.size} rows, then {rows})")
+        tmp_json.write_text(text)
     print(f"{args.pipeline}: {y.size} labels privatized at epsilon={eps:g} (per label, total) -> {out}")
     return 0
 
@@ -364,15 +449,17 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .io import MAX_CHUNK_ROWS
     from .privatize import DEFAULT_CHUNK_ROWS
 
-    parser = argparse.ArgumentParser(prog="rpwjax", description="Label differential privacy for regression, in JAX.")
+    parser = _Parser(prog="rpwjax", description="Label differential privacy for regression, in JAX.")
     parser.add_argument("--version", action="version", version=f"rpwjax {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("fit", help="fit a mechanism to a label file and report it (with its privacy accounting)")
     p.add_argument("--labels", required=True, help="CSV, Parquet, or text file (one number per line)")
     p.add_argument("--label-column", default=None, help="label column (CSV/Parquet)")
+    _add_encoding_option(p)
     p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range")
     _add_fit_options(p, many_epsilons=True, required=True)
     _add_secret_options(p, "private histogram's noise")
@@ -388,17 +475,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="input .csv or .parquet")
     p.add_argument("-o", "--output", required=True, help="output .csv or .parquet (OUTPUT.json gets the parameters)")
     p.add_argument("--label-column", required=True)
+    _add_encoding_option(p)
     _add_secret_options(p, "release (and the histogram when fitting inline)")
     p.add_argument("--prior-is-public", action="store_true",
                    help="with --prior empirical (or a params file fitted on one): the user vouches that the labels' "
                         "empirical distribution is public; without it such a release is refused")
     p.add_argument("--params", default=None, help="a params JSON from `rpwjax fit --save` (no refit)")
     p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range")
-    p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="rows per chunk (output does not depend on it)")
+    p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
+                   help=f"rows per chunk, 1 to {MAX_CHUNK_ROWS} (default {DEFAULT_CHUNK_ROWS}; output does not "
+                        "depend on it)")
     p.add_argument("--denoise", choices=["none", "posterior"], default="none",
                    help="posterior: write E[Y | private label] under the fit's prior (post-processing, no privacy cost)")
     p.add_argument("--row-offset", type=int, default=0,
-                   help="global index of the first row, when INPUT is one shard of a larger data set (default 0)")
+                   help="global index of the first row, when INPUT is one shard of a larger data set (default 0); "
+                        "offset + rows must not pass 2^63")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_fit_options(p, many_epsilons=False, required=False)
     p.set_defaults(func=cmd_privatize)
@@ -410,9 +501,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label-column", required=True)
     p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range (required)")
     p.add_argument("--epsilon", type=float, required=True, help="total epsilon per label")
+    _add_encoding_option(p)
     _add_secret_options(p, "pipeline (split, statistics, histograms and release)")
     p.add_argument("--pipeline", choices=PIPELINES, default="linear-prior")
-    p.add_argument("--epochs", type=int, default=50, help="epochs of the two-stage pipelines' stage models")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs of the two-stage pipelines' stage models (default 50)")
     p.add_argument("--clip", action="store_true", help="clip labels outside --range instead of refusing them")
     p.set_defaults(func=cmd_privatize_table)
 
@@ -430,7 +523,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--prior", choices=list(PRIORS), default="private", help="default private (Hist_eps)")
     p.add_argument("--prior-epsilon", type=float, default=None, help="epsilon_1 (default 0.1*epsilon)")
-    p.add_argument("--bins", type=int, default=DEFAULT_BINS_CLI)
+    p.add_argument("--bins", type=int, default=DEFAULT_BINS_CLI, help=f"1 to {MAX_BINS} (default {DEFAULT_BINS_CLI})")
     p.add_argument("--clip", action="store_true", help="clip labels outside --range")
     p.add_argument("--denoise", nargs="+", choices=list(MECHANISMS), default=None, metavar="NAME",
                    help="also evaluate these mechanisms after posterior denoising (rows NAME+posterior)")
@@ -459,27 +552,70 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warning(command):
+    def show(message, category, filename, lineno, file=None, line=None):
+        from .errors import one_line
+
+        print(f"rpwjax {command}: warning: {one_line(message)}", file=sys.stderr if file is None else file)
+
+    return show
+
+
+def _install_signal_handlers():
+    """SIGINT and SIGTERM raise :class:`Interrupted` once; later ones are ignored while the run cleans up."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        for s in EXIT_SIGNAL:
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    return {s: signal.signal(s, handler) for s in EXIT_SIGNAL}
+
+
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a bad command line (one line, exit 2)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_INPUT)
     import pyarrow as pa
 
-    from .errors import InputError
+    from .errors import InputError, one_line
 
+    command = args.command
+    previous = _install_signal_handlers()
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning(command)
+            return args.func(args)
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        print(f"rpwjax {command}: interrupted by {name}; unfinished outputs were removed", file=sys.stderr)
+        return EXIT_SIGNAL[exc.signum]
+    except KeyboardInterrupt:
+        print(f"rpwjax {command}: interrupted by SIGINT; unfinished outputs were removed", file=sys.stderr)
+        return EXIT_SIGNAL[signal.SIGINT]
     except InputError as err:
-        print(f"rpwjax {args.command}: error: {err}", file=sys.stderr)
+        print(f"rpwjax {command}: error: {one_line(err)}", file=sys.stderr)
+        return EXIT_INPUT
+    except UnicodeError as err:  # a text file that does not decode is bad input
+        print(f"rpwjax {command}: error: {one_line(err)} (give the file's encoding with --encoding)", file=sys.stderr)
         return EXIT_INPUT
     except (OSError, pa.ArrowException) as err:
-        print(f"rpwjax {args.command}: error: {err}", file=sys.stderr)
-        return 1
+        print(f"rpwjax {command}: error: {one_line(err)}", file=sys.stderr)
+        return EXIT_IO
     except Exception as err:  # noqa: BLE001 - the contract is one line on stderr, never a traceback
         if os.environ.get("RPWJAX_DEBUG"):
             raise
-        print(f"rpwjax {args.command}: internal error: {type(err).__name__}: {err} (set RPWJAX_DEBUG=1 for a traceback)",
-              file=sys.stderr)
+        print(f"rpwjax {command}: internal error: {type(err).__name__}: {one_line(err)} (set RPWJAX_DEBUG=1 for a "
+              "traceback)", file=sys.stderr)
         return 1
+    finally:
+        if previous is not None:
+            for s, h in previous.items():
+                signal.signal(s, h)
 
 
 if __name__ == "__main__":

@@ -256,20 +256,27 @@ def load_dataset(name: str, *, n: int | None = None, seed: int = 0) -> Dataset:
 # --------------------------------------------------------------------------- user tables
 
 
-def _read_table(path: Path) -> pa.Table:
+def _read_table(path: Path, encoding=None) -> pa.Table:
+    """A user's table. CSV/TSV: every column's type is inferred from ALL of its values
+    (:func:`rpwjax.io.read_csv_table`), so an odd value far down a column changes that
+    column's type (it is then not a numeric feature) instead of failing the read."""
+    from .io import read_csv_table
+
     suffixes = [s.lower() for s in path.suffixes]
     if not path.exists():
         raise InputError(f"no such file: {str(path)!r}")
-    try:
-        if suffixes and suffixes[-1] in (".parquet", ".pq"):
-            import pyarrow.parquet as pq
+    if suffixes and suffixes[-1] in (".parquet", ".pq"):
+        import pyarrow.parquet as pq
 
+        if encoding is not None:
+            raise InputError(f"--encoding applies to CSV and text files, not to the Parquet file {str(path)!r}")
+        try:
             return pq.read_table(path)
-        if ".csv" in suffixes[-2:] or ".tsv" in suffixes[-2:]:
-            delimiter = "\t" if ".tsv" in suffixes[-2:] else ","
-            return pacsv.read_csv(path, parse_options=pacsv.ParseOptions(delimiter=delimiter))
-    except (pa.ArrowInvalid, OSError) as err:
-        raise InputError(f"could not read {str(path)!r}: {err}") from None
+        except (pa.ArrowInvalid, OSError) as err:
+            raise InputError(f"could not read {str(path)!r}: {err}") from None
+    if ".csv" in suffixes[-2:] or ".tsv" in suffixes[-2:]:
+        delimiter = "\t" if ".tsv" in suffixes[-2:] else ","
+        return read_csv_table(path, encoding=encoding, delimiter=delimiter)
     raise InputError(f"table must be .csv, .tsv or .parquet (optionally .gz for text), got {str(path)!r}")
 
 
@@ -277,7 +284,7 @@ def _is_numeric(dtype) -> bool:
     return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype)
 
 
-def load_table(path, label_column: str, lo: float, hi: float, *, clip: bool = False) -> Dataset:
+def load_table(path, label_column: str, lo: float, hi: float, *, clip: bool = False, encoding=None) -> Dataset:
     """A user's CSV or Parquet table as a :class:`Dataset`.
 
     Features are the numeric (integer, float, boolean) columns other than the
@@ -286,11 +293,11 @@ def load_table(path, label_column: str, lo: float, hi: float, *, clip: bool = Fa
     a ``UserWarning``. Labels must be numeric, finite and inside the public
     ``[lo, hi]``: otherwise :class:`InputError` names the row and the value,
     unless ``clip=True`` (labels outside the range are then clipped; NaN is
-    always an error).
+    always an error). ``encoding`` is a CSV's text encoding (default UTF-8).
     """
     lo, hi = check_range(lo, hi)
     path = Path(path)
-    table = _read_table(path)
+    table = _read_table(path, encoding)
     if label_column not in table.column_names:
         raise InputError(
             f"label column {label_column!r} not found in {str(path)!r}; columns are: {', '.join(table.column_names)}"

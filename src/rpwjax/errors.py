@@ -96,3 +96,37 @@ def check_choice(value, name: str, choices) -> str:
     if value not in choices:
         raise InputError(f"{name} must be one of {', '.join(map(str, choices))}, got {name}={value!r}")
     return value
+
+
+def one_line(text) -> str:
+    """``text`` (e.g. an exception) on one line: line breaks shown as ``\\n``."""
+    return str(text).replace("\r\n", "\\n").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def show_value(value, limit: int = 60) -> str:
+    """``repr`` of a value from a file, at most ``limit`` characters of it."""
+    if isinstance(value, (bytes, str)) and len(value) > limit:
+        return repr(value[:limit]) + f"... ({len(value)} characters)"
+    return repr(value)
+
+
+def check_label_rows(y, lo: float, hi: float, *, clip: bool, first_row: int, where, column: str) -> np.ndarray:
+    """Check one chunk of a file's labels; errors name the file's data row (``where(row)``).
+
+    ``y[i]`` is data row ``first_row + i`` (1-based). Non-finite labels are
+    always an error; labels outside ``[lo, hi]`` unless ``clip``.
+    """
+    y = np.asarray(y, dtype=np.float64)
+    finite = np.isfinite(y)
+    if not finite.all():
+        i = int(np.flatnonzero(~finite)[0])
+        raise InputError(f"label {float(y[i])!r} in column {column!r} is not a finite number, at "
+                         f"{where(first_row + i)}")
+    if not clip:
+        outside = (y < lo) | (y > hi)
+        if outside.any():
+            i = int(np.flatnonzero(outside)[0])
+            raise InputError(
+                f"label {float(y[i])!r} in column {column!r} lies outside the public range [{lo!r}, {hi!r}], at "
+                f"{where(first_row + i)} (pass --clip to clip labels outside the range)")
+    return y

@@ -16,13 +16,15 @@ only whether it was an experiments-only integer seed.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
 
 from . import io
 from .base import Mechanism
-from .errors import InputError, check_labels
+from .errors import InputError, check_label_rows
 from .keys import Secret, secret_record
 from .release_path import release, sidecar_fields
 
@@ -70,6 +72,26 @@ def output_fields(params: Mechanism, postprocess_range=None) -> dict:
             "release_grid": fields["output_grid"], "release_range": [a, b]}
 
 
+def check_chunk_rows(chunk_rows) -> int:
+    """``chunk_rows`` as an int in [1, :data:`rpwjax.io.MAX_CHUNK_ROWS`]."""
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, (int, np.integer)) \
+            or not 1 <= chunk_rows <= io.MAX_CHUNK_ROWS:
+        raise InputError(f"chunk_rows (--chunk-rows) must be an integer in [1, {io.MAX_CHUNK_ROWS}], "
+                         f"got chunk_rows={chunk_rows!r}")
+    return int(chunk_rows)
+
+
+def check_row_offset(row_offset, rows: int = 0) -> int:
+    """``row_offset`` as an int with every global row index ``row_offset + i`` (i < rows) below 2^63."""
+    if isinstance(row_offset, bool) or not isinstance(row_offset, (int, np.integer)) \
+            or not 0 <= row_offset < io.MAX_GLOBAL_ROWS:
+        raise InputError(f"row_offset (--row-offset) must be an integer in [0, 2^63), got row_offset={row_offset!r}")
+    if int(row_offset) + rows > io.MAX_GLOBAL_ROWS:
+        raise InputError(f"row_offset (--row-offset) {int(row_offset)} plus {rows} rows passes the last global row "
+                         f"index 2^63 - 1: row indices never wrap, so give a smaller offset")
+    return int(row_offset)
+
+
 def privatize_file(
     input_path,
     output_path,
@@ -85,63 +107,72 @@ def privatize_file(
     postprocess=None,
     postprocess_name: str | None = None,
     postprocess_range=None,
+    encoding: str | None = None,
 ) -> dict:
     """Stream ``input_path`` to ``output_path`` with the label column privatized.
 
     Every column is kept in order; the label column is replaced by float64
     released labels (:func:`rpwjax.release_path.release` with :func:`release_secret` of ``secret``, e.g.
-    ``Secret.from_file(KEYFILE)``). ``row_offset`` is the global index of the file's first row
-    when the file is one shard of a larger data set (shards privatized on
-    different machines then match a single run over the whole data).
+    ``Secret.from_file(KEYFILE)``). Every other column leaves exactly as it
+    came in: a CSV field's text byte for byte (quoted only where the CSV
+    dialect requires it), a Parquet column with its schema and values
+    (:mod:`rpwjax.io`). ``encoding`` is the CSV's text encoding (default
+    UTF-8; the output uses the same). ``row_offset`` is the global index of
+    the file's first row when the file is one shard of a larger data set
+    (shards privatized on different machines then match a single run over
+    the whole data); every global row index must stay below 2^63.
     ``postprocess`` (e.g. posterior denoising) maps the private labels of each
     chunk before they are written; it must be a function of the private
     labels and public quantities only. ``output_path.json`` receives ``record`` plus the row count.
-    Both files appear only if the whole file succeeded.
+    Both files appear only if the whole file succeeded; errors name the
+    1-based data row (and, for CSV, the line) of the offending value.
     """
-    in_kind = io.file_kind(input_path, what="input file")
+    from pathlib import Path
+
     out_kind = io.file_kind(output_path, what="output file")
+    io.file_kind(input_path, what="input file")
     key = release_secret(secret)
     if postprocess is not None and postprocess_range is None:
         raise InputError("postprocess needs postprocess_range, the public interval its values lie in")
-    if int(chunk_rows) != chunk_rows or chunk_rows < 1:
-        raise InputError(f"chunk_rows must be a positive integer, got chunk_rows={chunk_rows!r}")
-    if int(row_offset) != row_offset or row_offset < 0:
-        raise InputError(f"row_offset must be a non-negative integer, got row_offset={row_offset!r}")
-    from pathlib import Path
-
-    if Path(input_path).resolve() == Path(output_path).resolve():
+    chunk_rows = check_chunk_rows(chunk_rows)
+    row_offset = check_row_offset(row_offset)
+    if Path(input_path).resolve() == Path(output_path).resolve() or (
+            Path(output_path).is_file() and Path(input_path).is_file() and Path(input_path).samefile(output_path)):
         raise InputError(f"output must differ from input, got {str(output_path)!r} for both")
-    total = io.count_rows(input_path) if in_kind == ".parquet" else None
-    rows = 0
-    with io.atomic_path(output_path) as tmp:
-        writer = None
+    source = io.TableSource(input_path, label_column, encoding=encoding)
+    total = source.num_rows if source.kind == ".parquet" else None
+    if total is not None:
+        check_row_offset(row_offset, total)
+    sidecar_path = str(output_path) + ".json"
+
+    def released(first: int, y: np.ndarray) -> np.ndarray:
+        check_label_rows(y, params.lo, params.hi, clip=clip, first_row=first, where=source.where,
+                         column=label_column)
+        if clip:
+            y = np.clip(y, params.lo, params.hi)  # what every mechanism does first: no privacy cost
+        start = row_offset + first - 1
+        if start + y.size > io.MAX_GLOBAL_ROWS:
+            raise InputError(f"row_offset (--row-offset) {row_offset} plus the rows of {str(input_path)!r} passes the "
+                             f"last global row index 2^63 - 1 at {source.where(io.MAX_GLOBAL_ROWS - row_offset + 1)}")
+        noisy = release(params, key, y, start=start)
+        if postprocess is not None:
+            noisy = np.clip(np.asarray(postprocess(noisy), dtype=np.float64), *postprocess_range)
+        return noisy
+
+    with io.atomic_outputs(output_path, sidecar_path) as (tmp, tmp_json):
+        bar = tqdm(total=total, unit="rows", unit_scale=True, disable=not progress, desc="privatize")
         try:
-            bar = tqdm(total=total, unit="rows", unit_scale=True, disable=not progress, desc="privatize")
             with bar:
-                for batch in io.iter_batches(input_path, label_column, int(chunk_rows)):
-                    index = batch.schema.get_field_index(label_column)
-                    y = io._label_array(batch.column(index), label_column)
-                    try:
-                        y = check_labels(y, params.lo, params.hi, clip=clip, name="labels")
-                    except InputError as err:
-                        raise InputError(f"{err} (chunk starting at row {rows})") from None
-                    noisy = release(params, key, y, start=int(row_offset) + rows)
-                    if postprocess is not None:
-                        noisy = np.clip(np.asarray(postprocess(noisy), dtype=np.float64), *postprocess_range)
-                    batch = batch.set_column(index, pa.field(label_column, pa.float64()), pa.array(noisy))
-                    if writer is None:
-                        writer = io.TableWriter(tmp, batch.schema, out_kind)
-                    writer.write(batch)
-                    rows += batch.num_rows
-                    bar.update(batch.num_rows)
-                    del batch, noisy, y
-                    pa.default_memory_pool().release_unused()  # keep peak memory flat on long files
+                try:
+                    rows = io.copy_with_labels(source, tmp, out_kind, released, chunk_rows=chunk_rows, bar=bar)
+                except BaseException:
+                    bar.leave = False  # an error or interrupt leaves one line on stderr, not a bar
+                    raise
         finally:
-            if writer is not None:
-                writer.close()
+            bar.close()
         if rows == 0:
             raise InputError(f"input file {str(input_path)!r} has no rows")
         sidecar = dict(record, rows=rows, label_column=label_column, **output_fields(params, postprocess_range),
                        postprocessing=postprocess_name, **randomness_record(secret, record))
-        io.write_json(str(output_path) + ".json", sidecar)
+        tmp_json.write_text(json.dumps(sidecar, indent=2) + "\n")
     return sidecar

@@ -1,0 +1,530 @@
+"""Files, row numbers, exit codes and leftovers of ``rpwjax privatize``, ``fit`` and ``privatize-table``.
+
+Every case asserts the exit code (2: bad input, 1: I/O, 130/143: SIGINT/SIGTERM),
+the one-line message (the problem and the value), the row (the 1-based data row
+and, for CSV and text files, the physical line it starts on; the header is
+line 1) and which files exist afterwards: a failed or interrupted run leaves
+nothing new behind (no output, no sidecar, no temporary file, no directory it
+created), and an existing output pair is left untouched.
+"""
+
+import csv
+import io as pyio
+import json
+import signal
+import subprocess
+import sys
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rpwjax import cli
+
+
+def run(argv, capsys):
+    code = cli.main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def listing(directory):
+    return sorted(p.name for p in Path(directory).iterdir())
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    d = tmp_path_factory.mktemp("shared")
+    assert cli.main(["keygen", "-o", str(d / "key")]) == 0
+    np.savetxt(d / "train.txt", np.linspace(0, 1, 101))
+    assert cli.main(["fit", "--labels", str(d / "train.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
+                     "--epsilon", "1", "--key-file", str(d / "key"), "--save", str(d / "p.json")]) == 0
+    assert cli.main(["fit", "--labels", str(d / "train.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
+                     "--epsilon", "1", "--prior", "empirical", "--save", str(d / "empirical.json")]) == 0
+    return d
+
+
+def minimal_csv(rows, newline="\n"):
+    """The reference dialect: a field is quoted only if it holds a comma, a quote or a line break."""
+    def field(f):
+        return '"' + f.replace('"', '""') + '"' if any(c in f for c in ',"\r\n') else f
+    return "".join(",".join(field(f) for f in row) + newline for row in rows)
+
+
+def parse(data: bytes, encoding="utf-8"):
+    return list(csv.reader(pyio.StringIO(data.decode(encoding), newline="")))
+
+
+# --------------------------------------------------------------------------- the privatize table (CSV input)
+
+INLINE = ["--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1"]
+LAPLACE = ["--mechanism", "laplace", "--epsilon", "1", "--range", "0", "1"]
+LATIN1 = b"id,name,y\n1,ok,0.5\n2,caf\xe9,0.5\n"
+
+# (case, input bytes, options (a saved fit unless they fit inline), exit code, fragments of the one-line message)
+PRIVATIZE_CASES = [
+    ("duplicate label column", b"id,y,y\n1,0.5,0.5\n", None, 2,
+     ["label column 'y' appears 2 times in the header", "columns 2, 3"]),
+    ("Latin-1 file read as UTF-8", LATIN1, None, 2,
+     ["is not valid utf-8: byte 0xe9 in column 'name' at data row 2 (line 3)", "--encoding"]),
+    ("Latin-1 label read as UTF-8", b"id,y\n1,0.5\n2,0.5\xe9\n", None, 2,
+     ["is not valid utf-8: byte 0xe9 in column 'y' at data row 2 (line 3)"]),
+    ("Latin-1 header read as UTF-8", b"id,caf\xe9,y\n1,2,0.5\n", None, 2,
+     ["is not valid utf-8: byte 0xe9 in header field 2 at the header (line 1)"]),
+    ("Latin-1 file read as ASCII", LATIN1, ["--encoding", "ascii"], 2,
+     ["is not valid ascii: byte 0xe9 in column 'name' at data row 2 (line 3)"]),
+    ("unknown encoding", LATIN1, ["--encoding", "klingon"], 2, ["unknown encoding 'klingon'"]),
+    ("ragged row, too few fields", b"id,name,y\n1,a,0.5\n2,b\n3,c,0.5\n", None, 2,
+     ["data row 2 (line 3)", "has 2 fields, the header has 3"]),
+    ("ragged row, too many fields", b"id,y\n1,0.5\n2,0.5,extra\n", None, 2,
+     ["data row 2 (line 3)", "has 3 fields, the header has 2"]),
+    ("ragged row after a quoted line break", b'id,note,y\n1,"two\nlines",0.5\n2,x\n', None, 2,
+     ["data row 2 (line 4)", "has 2 fields, the header has 3"]),
+    ("quote that never closes", b'id,note,y\n1,"open,0.5\n2,x,0.5\n', None, 2,
+     ["data row 1 (line 2)", "has 2 fields", "closing quote missing"]),
+    ("hex label", b"id,y\n1,0.5\n2,0x1A\n", None, 2,
+     ["label '0x1A' in column 'y' is not a number, at data row 2 (line 3)"]),
+    ("text label", b"id,y\n1,0.5\n2,high\n", None, 2,
+     ["label 'high' in column 'y' is not a number, at data row 2 (line 3)"]),
+    ("missing label after quoted line breaks", b'id,note,y\n1,"a\nb",0.5\n2,"c\n\nd",\n', None, 2,
+     ["missing label in column 'y' (an empty field) at data row 2 (line 4)"]),
+    ("bad label after blank lines", b"id,y\n\n1,0.5\n\n\n2,oops\n", None, 2,
+     ["label 'oops' in column 'y' is not a number, at data row 2 (line 6)"]),
+    ("CRLF line ends", b"id,y\r\n1,0.5\r\n2,x\r\n", None, 2, ["label 'x'", "data row 2 (line 3)"]),
+    ("NaN label", b"id,y\n1,0.5\n2,NaN\n", None, 2,
+     ["label nan in column 'y' is not a finite number, at data row 2 (line 3)"]),
+    ("infinite label", b"id,y\n1,-inf\n", None, 2, ["label -inf", "not a finite number, at data row 1 (line 2)"]),
+    ("label outside the range", b"id,y\n1,0.5\n2,7\n", None, 2,
+     ["label 7.0 in column 'y' lies outside the public range [0.0, 1.0], at data row 2 (line 3)", "--clip"]),
+    ("header only", b"id,y\n", None, 2, ["has no rows"]),
+    ("empty file", b"", None, 2, ["is empty"]),
+    ("label column missing", b"id,x\n1,2\n", None, 2, ["label column 'y' not found", "['id', 'x']"]),
+    ("row offset 2^64", b"id,y\n1,0.5\n", ["--row-offset", str(2**64)], 2,
+     ["must be an integer in [0, 2^63)", str(2**64)]),
+    ("negative row offset", b"id,y\n1,0.5\n", ["--row-offset", "-1"], 2, ["[0, 2^63)", "row_offset=-1"]),
+    ("row offset + rows pass 2^63", b"id,y\n1,0.5\n2,0.5\n3,0.5\n", ["--row-offset", str(2**63 - 2)], 2,
+     [f"{2**63 - 2} plus the rows", "passes the last global row index 2^63 - 1 at data row 3 (line 4)"]),
+    ("chunk rows 0", b"id,y\n1,0.5\n", ["--chunk-rows", "0"], 2, ["[1, 4194304]", "chunk_rows=0"]),
+    ("chunk rows too many", b"id,y\n1,0.5\n", ["--chunk-rows", str(2**22 + 1)], 2, ["[1, 4194304]", str(2**22 + 1)]),
+    ("not an integer", b"id,y\n1,0.5\n", ["--chunk-rows", "ten"], 2,
+     ["argument --chunk-rows: invalid int value: 'ten'"]),
+    ("bins too many", b"id,y\n1,0.5\n", INLINE + ["--bins", "10000000"], 2,
+     ["--bins must be an integer from 1 to 1024, got 10000000"]),
+    ("bins 0", b"id,y\n1,0.5\n", INLINE + ["--bins", "0"], 2, ["from 1 to 1024, got 0"]),
+    ("--prior-epsilon under an empirical prior", b"id,y\n1,0.5\n",
+     INLINE + ["--prior", "empirical", "--prior-is-public", "--prior-epsilon", "0.1"], 2,
+     ["--prior-epsilon 0.1 does nothing under --prior empirical"]),
+    ("--bins under an empirical prior", b"id,y\n1,0.5\n",
+     INLINE + ["--prior", "empirical", "--prior-is-public", "--bins", "8"], 2,
+     ["--bins 8 does nothing under --prior empirical"]),
+    ("--zeta for laplace", b"id,y\n1,0.5\n", LAPLACE + ["--zeta", "0.1"], 2,
+     ["--zeta 0.1 does nothing for --mechanism laplace"]),
+    ("--bins for laplace", b"id,y\n1,0.5\n", LAPLACE + ["--bins", "8"], 2,
+     ["--bins 8 does nothing for --mechanism laplace"]),
+    ("--delta for rpwithprior", b"id,y\n1,0.5\n", INLINE + ["--delta", "1e-6"], 2,
+     ["--delta 1e-06 does nothing for --mechanism rpwithprior"]),
+    ("--calibration for laplace", b"id,y\n1,0.5\n", LAPLACE + ["--calibration", "classic"], 2,
+     ["--calibration classic does nothing for --mechanism laplace"]),
+    ("--prior private for laplace", b"id,y\n1,0.5\n", LAPLACE + ["--prior", "private"], 2,
+     ["--prior private does nothing for --mechanism laplace"]),
+    ("--prior-epsilon for gaussian", b"id,y\n1,0.5\n", ["--mechanism", "gaussian", "--epsilon", "1", "--range", "0",
+                                                        "1", "--prior-epsilon", "0.1"], 2,
+     ["--prior-epsilon 0.1 does nothing for --mechanism gaussian"]),
+    ("--bins with --params", b"id,y\n1,0.5\n", ["--bins", "8"], 2, ["--bins 8 does nothing with --params"]),
+    ("--zeta with --params", b"id,y\n1,0.5\n", ["--zeta", "0.1"], 2, ["--zeta 0.1 does nothing with --params"]),
+    ("--prior-is-public with a private prior", b"id,y\n1,0.5\n", ["--prior-is-public"], 2,
+     ["--prior-is-public does nothing here"]),
+    ("--prior-is-public inline without --prior empirical", b"id,y\n1,0.5\n", INLINE + ["--prior-is-public"], 2,
+     ["--prior-is-public does nothing without --prior empirical"]),
+    ("inline fit: label outside the range", b"id,y\n1,0.5\n2,1.5\n", INLINE, 2,
+     ["label 1.5 in column 'y' lies outside the public range [0.0, 1.0], at data row 2 (line 3)"]),
+    ("inline fit: Latin-1 label", b"id,y\n1,0.5\xe9\n", INLINE, 2, ["not valid utf-8: byte 0xe9 in column 'y'"]),
+]
+
+
+@pytest.mark.parametrize("case, content, options, code, fragments", PRIVATIZE_CASES,
+                         ids=[c[0] for c in PRIVATIZE_CASES])
+def test_privatize_refuses_bad_input_with_one_line_and_leaves_nothing(shared, tmp_path, capsys, case, content,
+                                                                       options, code, fragments):
+    src = tmp_path / "in.csv"
+    src.write_bytes(content)
+    options = options or []
+    if "--mechanism" not in options:  # a saved fit unless the case fits inline
+        options = ["--params", shared / "p.json", *options]
+    out = tmp_path / "new" / "dir" / "o.csv"  # the run may create these directories: they must go again
+    got, stdout, err = run(["privatize", src, "-o", out, "--label-column", "y", "--key-file", shared / "key",
+                            "--quiet", *options], capsys)
+    assert got == code, err
+    assert err.count("\n") == 1 and err.endswith("\n"), err
+    assert err.startswith("rpwjax privatize: error: ") and "internal error" not in err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    assert listing(tmp_path) == ["in.csv"]  # no output, no sidecar, no temporary file, no new directory
+
+
+def test_prior_options_of_a_prior_free_mechanism_count_when_it_denoises(shared, tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    src.write_text("id,y\n" + "".join(f"{i},{(i % 10) / 10}\n" for i in range(200)))
+    out = tmp_path / "o.csv"
+    code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", *LAPLACE, "--prior", "private", "--bins",
+                        "8", "--prior-epsilon", "0.2", "--denoise", "posterior", "--quiet"], capsys)
+    assert code == 0, err
+    side = json.loads((tmp_path / "o.csv.json").read_text())
+    assert side["prior"]["bins"] == 8 and side["epsilon_prior"] == 0.2
+
+
+def test_output_that_is_a_directory_writes_no_sidecar(shared, tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"id,y\n1,0.5\n")
+    (tmp_path / "o.csv").mkdir()
+    code, _, err = run(["privatize", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--params",
+                        shared / "p.json", "--quiet"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "output" in err and "o.csv' is a directory" in err
+    assert listing(tmp_path) == ["in.csv", "o.csv"] and listing(tmp_path / "o.csv") == []
+
+
+def test_output_in_a_file_posing_as_a_directory_is_an_io_error(shared, tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"id,y\n1,0.5\n")
+    (tmp_path / "file").write_text("x")
+    code, _, err = run(["privatize", src, "-o", tmp_path / "file" / "sub" / "o.csv", "--label-column", "y",
+                        "--params", shared / "p.json", "--quiet"], capsys)
+    assert code == 1 and err.count("\n") == 1 and "internal error" not in err
+    assert "cannot create the output directory" in err and str(tmp_path / "file" / "sub") in err
+    assert listing(tmp_path) == ["file", "in.csv"]
+
+
+def test_output_equal_to_the_input_and_a_missing_input(shared, tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"id,y\n1,0.5\n")
+    code, _, err = run(["privatize", src, "-o", src, "--label-column", "y", "--params", shared / "p.json", "--quiet"],
+                       capsys)
+    assert code == 2 and err.count("\n") == 1 and "output must differ from input" in err
+    assert src.read_bytes() == b"id,y\n1,0.5\n" and listing(tmp_path) == ["in.csv"]
+    code, _, err = run(["privatize", tmp_path / "none.csv", "-o", tmp_path / "o.csv", "--label-column", "y",
+                        "--params", shared / "p.json", "--quiet"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "input file not found" in err and "none.csv" in err
+    assert listing(tmp_path) == ["in.csv"]
+
+
+def test_a_failed_run_leaves_an_existing_output_pair_untouched(shared, tmp_path, capsys):
+    rows = "".join(f"{i},{(i % 10) / 10}\n" for i in range(5000))
+    src = tmp_path / "in.csv"
+    src.write_text("id,y\n" + rows + "5000,2.5\n")  # the last row is refused, after 5000 rows were written
+    out = tmp_path / "o.csv"
+    out.write_text("old output\n")
+    (tmp_path / "o.csv.json").write_text('{"old": true}\n')
+    code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json",
+                        "--chunk-rows", "100", "--quiet"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "label 2.5" in err and "data row 5001 (line 5002)" in err
+    assert out.read_text() == "old output\n" and (tmp_path / "o.csv.json").read_text() == '{"old": true}\n'
+    assert listing(tmp_path) == ["in.csv", "o.csv", "o.csv.json"]
+    # a successful run replaces both
+    src.write_text("id,y\n" + rows)
+    code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json", "--quiet"],
+                       capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "o.csv.json").read_text())["rows"] == 5000
+    assert listing(tmp_path) == ["in.csv", "o.csv", "o.csv.json"]
+
+
+# --------------------------------------------------------------------------- Parquet input
+
+def _parquet(path, y, **extra):
+    pq.write_table(pa.table({"id": np.arange(len(y)), **extra, "y": y}), path)
+    return path
+
+
+PARQUET_CASES = [
+    ("missing label", pa.array([0.1, 0.2, None, 0.4], pa.float64()), [],
+     ["missing label in column 'y' at data row 3 of"]),
+    ("NaN label", pa.array([0.1, float("nan")], pa.float64()), [],
+     ["label nan", "not a finite number, at data row 2 of"]),
+    ("label outside the range", pa.array([0.1, 0.2, 3.0]), [],
+     ["label 3.0", "outside the public range", "data row 3 of"]),
+    ("text labels", pa.array(["0.1", "0.2"]), [], ["label column 'y'", "must be numeric, got type string"]),
+    ("--encoding with Parquet", pa.array([0.1]), ["--encoding", "latin-1"], ["--encoding applies to CSV and text"]),
+    ("late chunk", pa.array(list(np.linspace(0, 1, 2500)) + [-1.0]), ["--chunk-rows", "1000"],
+     ["label -1.0", "at data row 2501 of"]),
+]
+
+
+@pytest.mark.parametrize("case, labels, options, fragments", PARQUET_CASES, ids=[c[0] for c in PARQUET_CASES])
+def test_parquet_bad_input(shared, tmp_path, capsys, case, labels, options, fragments):
+    src = _parquet(tmp_path / "in.parquet", labels)
+    code, _, err = run(["privatize", src, "-o", tmp_path / "o.parquet", "--label-column", "y", "--params",
+                        shared / "p.json", "--quiet", *options], capsys)
+    assert code == 2 and err.count("\n") == 1 and "internal error" not in err, err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    assert listing(tmp_path) == ["in.parquet"]
+
+
+def test_a_file_that_is_not_parquet(shared, tmp_path, capsys):
+    (tmp_path / "in.parquet").write_bytes(b"id,y\n1,0.5\n")
+    code, _, err = run(["privatize", tmp_path / "in.parquet", "-o", tmp_path / "o.parquet", "--label-column", "y",
+                        "--params", shared / "p.json", "--quiet"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "could not read" in err and "as Parquet" in err
+    assert listing(tmp_path) == ["in.parquet"]
+
+
+# --------------------------------------------------------------------------- fit and privatize-table
+
+FIT_CASES = [
+    ("duplicate label column", "t.csv", b"id,y,y\n1,0.5,0.5\n", ["--label-column", "y"],
+     ["label column 'y' appears 2 times"]),
+    ("text label file, bad line after blank lines", "l.txt", b"0.5\n\n0.25\n\nabc\n", [],
+     ["label 'abc'", "is not a number, at data row 3 (line 5)"]),
+    ("text label file, two numbers on a line", "l.txt", b"0.5\n0.1,0.2\n", [],
+     ["label '0.1,0.2'", "data row 2 (line 2)"]),
+    ("text label file, Latin-1", "l.txt", b"0.5\n0.2\xe9\n", [], ["not valid utf-8: byte 0xe9", "data row 2 (line 2)"]),
+    ("--label-column with a text file", "l.txt", b"0.5\n", ["--label-column", "y"],
+     ["--label-column applies to CSV and Parquet label files"]),
+    ("CSV without --label-column", "t.csv", b"id,y\n1,0.5\n", [], ["--label-column is required"]),
+    ("label outside the range", "t.csv", b"id,y\n1,0.5\n2,-0.5\n", ["--label-column", "y"],
+     ["label -0.5 in column 'y' lies outside the public range", "data row 2 (line 3)"]),
+    ("bins too many", "l.txt", b"0.5\n", ["--bins", "10000000"], ["--bins must be an integer from 1 to 1024"]),
+    ("--prior-epsilon under an empirical prior", "l.txt", b"0.5\n", ["--prior", "empirical", "--prior-epsilon", "0.1"],
+     ["--prior-epsilon 0.1 does nothing under --prior empirical"]),
+    ("--objective for staircase", "l.txt", b"0.5\n", ["--mechanism", "staircase", "--objective", "inside"],
+     ["--objective inside does nothing for --mechanism staircase"]),
+]
+
+
+@pytest.mark.parametrize("case, name, content, options, fragments", FIT_CASES, ids=[c[0] for c in FIT_CASES])
+def test_fit_bad_input(tmp_path, capsys, case, name, content, options, fragments):
+    (tmp_path / name).write_bytes(content)
+    mechanism = [] if "--mechanism" in options else ["--mechanism", "rpwithprior"]
+    code, _, err = run(["fit", "--labels", tmp_path / name, "--range", "0", "1", *mechanism, "--epsilon", "1",
+                        "--save", tmp_path / "out" / "p.json", *options], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("rpwjax fit: error: "), err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    assert listing(tmp_path) == [name]
+
+
+def test_privatize_table_errors_name_rows_and_warnings_are_one_line(shared, tmp_path, capsys):
+    rows = [("x", "city", "gappy", "y")] + [(str(i / 10), f"c{i}", "" if i == 3 else str(i), str(i / 20))
+                                            for i in range(20)]
+    src = tmp_path / "t.csv"
+    src.write_text(minimal_csv(rows))
+    bad = tmp_path / "bad.csv"
+    bad.write_text(minimal_csv(rows + [("1", "c", "1", "1.5")]))
+    code, _, err = run(["privatize-table", bad, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0", "1",
+                        "--epsilon", "1", "--key-file", shared / "key"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "label 1.5 in column 'y' lies outside the public range [0.0, 1.0], at data row 21 (line 22)" in err
+    code, _, err = run(["privatize-table", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0", "1",
+                        "--epsilon", "1", "--epochs", "3", "--key-file", shared / "key"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "--epochs 3 does nothing for --pipeline linear-prior" in err
+    dup = tmp_path / "dup.csv"
+    dup.write_text("x,y,y\n1,0.5,0.5\n")
+    code, _, err = run(["privatize-table", dup, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0", "1",
+                        "--epsilon", "1"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "appears 2 times" in err
+    assert listing(tmp_path) == ["bad.csv", "dup.csv", "t.csv"]
+    code, out, err = run(["privatize-table", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0",
+                          "1", "--epsilon", "1", "--key-file", shared / "key"], capsys)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert lines and all(line.startswith("rpwjax privatize-table: warning: ") for line in lines), err
+    assert any("non-numeric" in line and "city" in line for line in lines)
+    assert any("missing" in line and "gappy" in line for line in lines)
+    # the other columns leave as they came in, here too
+    got = parse((tmp_path / "o.csv").read_bytes())
+    assert [r[:3] for r in got] == [list(r[:3]) for r in rows]
+
+
+# --------------------------------------------------------------------------- row numbers deep in a big file
+
+BIG_ROWS = 230_000
+MISSING_ROW = 190_001  # 1-based data row with an empty label, about 8.6 MB into the file
+TEXT_ROW = 150_000  # a text value in a numeric-looking column, past the first 4 MB read block
+
+
+def _big_rows(missing: bool):
+    rows = [["id", "code", "pad", "num", "y"]]
+    for r in range(1, BIG_ROWS + 1):
+        code = f"{r:08d}"
+        num = "n/a here" if r == TEXT_ROW else str(r)
+        if r == 3:
+            code = "two\nlines"  # a quoted line break: every later row starts one line further down
+        label = "" if missing and r == MISSING_ROW else f"{(r % 100) / 100}"
+        rows.append([str(r), code, "abcdefghijklmnopqrst", num, label])
+    return rows
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory):
+    d = tmp_path_factory.mktemp("big")
+    (d / "missing.csv").write_text(minimal_csv(_big_rows(True)))
+    (d / "good.csv").write_text(minimal_csv(_big_rows(False)))
+    assert (d / "missing.csv").stat().st_size > 8 << 20
+    return d
+
+
+@pytest.mark.parametrize("chunk", [None, 65536, 1000])
+def test_row_and_line_deep_in_a_big_csv_for_any_chunk_size(shared, big, tmp_path, capsys, chunk):
+    extra = [] if chunk is None else ["--chunk-rows", chunk]
+    out = tmp_path / "o.csv"
+    code, _, err = run(["privatize", big / "missing.csv", "-o", out, "--label-column", "y", "--params",
+                        shared / "p.json", "--quiet", *extra], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"missing label in column 'y' (an empty field) at data row {MISSING_ROW} (line {MISSING_ROW + 2})" in err
+    assert listing(tmp_path) == []
+
+
+def test_text_in_a_numeric_column_past_the_first_block_is_kept(shared, big, tmp_path, capsys):
+    out = tmp_path / "o.csv"
+    code, _, err = run(["privatize", big / "good.csv", "-o", out, "--label-column", "y", "--params", shared / "p.json",
+                        "--key-file", shared / "key", "--quiet"], capsys)
+    assert code == 0, err
+    got, want = parse(out.read_bytes()), _big_rows(False)
+    assert len(got) == len(want) and got[TEXT_ROW][3] == "n/a here"
+    assert all(g[:4] == w[:4] for g, w in zip(got, want))
+    # bytes too: the output is the reference dialect with the new labels
+    assert out.read_bytes() == minimal_csv([w[:4] + [g[4]] for g, w in zip(got, want)]).encode()
+
+
+# --------------------------------------------------------------------------- non-label columns leave as they came
+
+ODD_FIELDS = ["00501", "12345678901234567890", "12345678901234567891", "n/a", "NaN", "", "1e5", "-1.0", " padded ",
+              "with,comma", 'with "quotes"', "multi\nline", "crlf\r\nline", "ünïcödé ✓", "NA", "null", "TRUE",
+              "#N/A",
+              "  7", "0x1A", "1,000.50", "'single'", "trailing space ", '"', ",", "\t tab"]
+
+
+def _odd_rows():
+    rows = [["zip", "y", "note", "id"]]
+    for i, f in enumerate(ODD_FIELDS):
+        rows.append([f, f"{(i % 10) / 10}", ODD_FIELDS[-1 - i], str(i)])
+    return rows
+
+
+@pytest.mark.parametrize("newline, bom", [("\n", False), ("\r\n", False), ("\n", True)])
+def test_every_other_csv_field_is_byte_identical(shared, tmp_path, capsys, newline, bom):
+    rows = _odd_rows()
+    src = tmp_path / "in.csv"
+    data = minimal_csv(rows, newline).encode()
+    src.write_bytes((b"\xef\xbb\xbf" if bom else b"") + data)
+    out = tmp_path / "o.csv"
+    code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json",
+                        "--key-file", shared / "key", "--quiet"], capsys)
+    assert code == 0, err
+    raw = out.read_bytes()
+    assert raw.startswith(b"\xef\xbb\xbf") == bom
+    got = parse(raw[3:] if bom else raw)
+    assert [[r[0], r[2], r[3]] for r in got] == [[r[0], r[2], r[3]] for r in rows]
+    labels = [float(r[1]) for r in got[1:]]
+    assert all(0 - 1 <= v <= 2 for v in labels)
+    expected = minimal_csv([[w[0], g[1], w[2], w[3]] for g, w in zip(got, rows)], newline).encode()
+    assert raw == (b"\xef\xbb\xbf" if bom else b"") + expected
+
+
+def test_unneeded_quotes_are_dropped_and_needed_ones_kept(shared, tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    src.write_bytes(b'a,y,b\n"plain",0.5,"x,y"\n"",0.5,"say ""hi"""\n')
+    out = tmp_path / "o.csv"
+    code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json", "--quiet"],
+                       capsys)
+    assert code == 0, err
+    lines = out.read_bytes().split(b"\n")
+    assert lines[0] == b"a,y,b"
+    assert lines[1].startswith(b"plain,") and lines[1].endswith(b',"x,y"')
+    assert lines[2].startswith(b",") and lines[2].endswith(b',"say ""hi"""')
+
+
+def test_latin1_with_encoding_is_read_and_written_back_in_latin1(shared, tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    src.write_bytes(LATIN1)
+    out = tmp_path / "o.csv"
+    code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json",
+                        "--encoding", "latin-1", "--quiet"], capsys)
+    assert code == 0, err
+    got = parse(out.read_bytes(), "latin-1")
+    assert [[r[0], r[1]] for r in got] == [["id", "name"], ["1", "ok"], ["2", "café"]]
+    assert b"caf\xe9," in out.read_bytes()
+
+
+def test_csv_output_is_the_same_for_any_chunk_size(shared, tmp_path, capsys):
+    rows = [["id", "note", "y"]] + [[str(i), f"n,{i}" if i % 7 == 0 else f"n{i}", f"{(i % 10) / 10}"]
+                                    for i in range(3000)]
+    src = tmp_path / "in.csv"
+    src.write_text(minimal_csv(rows))
+    outputs = []
+    for chunk in (1, 7, 1000, 1 << 20):
+        out = tmp_path / f"o{chunk}.csv"
+        code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json",
+                            "--key-file", shared / "key", "--chunk-rows", chunk, "--quiet"], capsys)
+        assert code == 0, err
+        outputs.append(out.read_bytes())
+    assert all(o == outputs[0] for o in outputs[1:])
+
+
+def test_parquet_keeps_the_schema_and_values_of_every_other_column(shared, tmp_path, capsys):
+    n = 5
+    table = pa.table({
+        "int_nulls": pa.array([1, None, 3, 4, None], pa.int64()),
+        "text_nulls": pa.array(["a", None, "", "NA", "n/a"]),
+        "dict": pa.array(["x", "y", "x", None, "y"]).dictionary_encode(),
+        "when": pa.array([0, 1, 2, 3, 4], pa.timestamp("ms", tz="UTC")),
+        "money": pa.array([Decimal(f"{i}.25") for i in range(n)], pa.decimal128(10, 2)),
+        "tags": pa.array([[1], [], None, [2, 3], [4]], pa.list_(pa.int64())),
+        "point": pa.array([{"a": i, "b": str(i)} for i in range(n)]),
+        "flag": pa.array([True, False, None, True, False]),
+        "f32": pa.array([0.5, 1.5, -0.0, float("nan"), 2.5], pa.float32()),
+        "y": pa.array([0.1, 0.2, 0.3, 0.4, 0.5]),
+        "blob": pa.array([b"\x00\xff", b"", None, b"a", b"b"], pa.binary()),
+    }).replace_schema_metadata({"owner": "test"})
+    src = tmp_path / "in.parquet"
+    pq.write_table(table, src)
+    out = tmp_path / "o.parquet"
+    code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json",
+                        "--chunk-rows", "2", "--quiet"], capsys)
+    assert code == 0, err
+    before, after = pq.ParquetFile(src).schema_arrow, pq.ParquetFile(out).schema_arrow
+    assert after.names == before.names and after.metadata == before.metadata
+    for name in before.names:
+        if name != "y":
+            assert after.field(name).equals(before.field(name), check_metadata=True), name
+    got, want = pq.read_table(out), pq.read_table(src)
+    for name in before.names:
+        if name == "f32":  # NaN is not equal to itself: compare the numbers
+            np.testing.assert_array_equal(got.column(name).to_numpy(), want.column(name).to_numpy())
+        elif name != "y":
+            assert got.column(name).to_pylist() == want.column(name).to_pylist(), name
+    assert got.schema.field("y").type == pa.float64()
+
+
+# --------------------------------------------------------------------------- SIGINT and SIGTERM
+
+
+@pytest.mark.parametrize("sig, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_an_interrupted_run_leaves_nothing_and_says_one_line(shared, tmp_path, sig, code):
+    src = tmp_path / "in.csv"
+    src.write_text("id,note,y\n" + "".join(f'{i},"n,{i}",{(i % 100) / 99}\n' for i in range(20_000)))
+    before = listing(tmp_path)
+    # one row per chunk: the run takes many seconds, and the signal comes once output is being written
+    proc = subprocess.Popen([sys.executable, "-m", "rpwjax.cli", "privatize", str(src), "-o",
+                             str(tmp_path / "out" / "o.csv"), "--label-column", "y", "--params",
+                             str(shared / "p.json"), "--key-file", str(shared / "key"), "--chunk-rows", "1", "--quiet"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    start = time.monotonic()
+    part = None
+    while time.monotonic() - start < 300 and proc.poll() is None:
+        parts = [p for p in (tmp_path / "out").glob(".o.csv.*.part") if ".json." not in p.name] \
+            if (tmp_path / "out").is_dir() else []
+        if parts and parts[0].stat().st_size > 4096:
+            part = parts[0]
+            break
+        time.sleep(0.05)
+    assert part is not None and proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    assert err.count("\n") == 1 and f"interrupted by {signal.Signals(sig).name}" in err, err
+    assert listing(tmp_path) == before  # no output, no sidecar, no .part file, no out/ directory
