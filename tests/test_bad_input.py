@@ -24,12 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rpwjax import cli
-
-
-def run(argv, capsys):
-    code = cli.main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from helpers import run
 
 
 def listing(directory):

@@ -15,12 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rpwjax import cli
-
-
-def run(argv, capsys):
-    code = cli.main(argv)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from helpers import run
 
 
 @pytest.fixture(scope="module")

@@ -26,15 +26,10 @@ from rpwjax import cli
 from rpwjax.errors import InputError
 from rpwjax.keys import KEY_FILE_HEX, SECRET_BYTES, Secret
 from rpwjax.release_path import BLOCK_ROWS
+from helpers import run
 
 ROWS = BLOCK_ROWS + 4_464  # the rows cross a block boundary
 HEX = "0123456789abcdef"
-
-
-def run(argv, capsys):
-    code = cli.main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def keygen(path, capsys):

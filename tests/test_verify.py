@@ -16,14 +16,9 @@ import pytest
 
 from rpwjax import api, cli, verify
 from rpwjax.errors import InputError
+from helpers import run
 
 MECHANISMS = list(api.MECHANISMS)
-
-
-def run(argv, capsys):
-    code = cli.main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture(scope="module")
