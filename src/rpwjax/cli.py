@@ -231,8 +231,6 @@ def cmd_keygen(args) -> int:
 
 
 def cmd_privatize(args) -> int:
-    import jax
-
     from . import io
     from .api import load_params, prior_from_record
     from .errors import InputError, check_range

@@ -20,7 +20,6 @@ import dataclasses
 import math
 import time
 
-import jax
 import numpy as np
 
 from . import api

@@ -19,14 +19,13 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pyarrow as pa
 from tqdm.auto import tqdm
 
 from . import io
 from .base import Mechanism
 from .errors import InputError, check_label_rows
 from .keys import Secret, secret_record
-from .release_path import release, sidecar_fields
+from .release_path import release, sidecar_fields, spec
 
 DEFAULT_CHUNK_ROWS = 1 << 20
 RELEASE_PURPOSE = "release"
@@ -144,6 +143,7 @@ def privatize_file(
     if total is not None:
         check_row_offset(row_offset, total)
     sidecar_path = str(output_path) + ".json"
+    output_spec = spec(params)  # public, the same for every chunk: computed once
 
     def released(first: int, y: np.ndarray) -> np.ndarray:
         check_label_rows(y, params.lo, params.hi, clip=clip, first_row=first, where=source.where,
@@ -154,7 +154,7 @@ def privatize_file(
         if start + y.size > io.MAX_GLOBAL_ROWS:
             raise InputError(f"row_offset (--row-offset) {row_offset} plus the rows of {str(input_path)!r} passes the "
                              f"last global row index 2^63 - 1 at {source.where(io.MAX_GLOBAL_ROWS - row_offset + 1)}")
-        noisy = release(params, key, y, start=start)
+        noisy = release(params, key, y, start=start, output_spec=output_spec)
         if postprocess is not None:
             noisy = np.clip(np.asarray(postprocess(noisy), dtype=np.float64), *postprocess_range)
         return noisy

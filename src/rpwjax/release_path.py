@@ -129,14 +129,17 @@ def _per_row(params: Mechanism, n: int) -> bool:
                      f"epsilon of shape {shape} for {n} labels")
 
 
-def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpose: str = "labels") -> np.ndarray:
+def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpose: str = "labels",
+            output_spec: dict | None = None) -> np.ndarray:
     """Released values for ``labels`` at global rows ``start, start + 1, ...`` (float64).
 
     Row ``i`` always gets the same uniform for the same secret and purpose,
     whatever the chunking, the device count or the shard offsets, so shards
     concatenate to the single-run output. Labels must already be validated
     (finite, inside the public range); ``params`` holds one ε, with scalar
-    leaves or one leaf value per row.
+    leaves or one leaf value per row. ``output_spec`` is ``spec(params)``,
+    when a caller releasing many chunks with the same parameters computed it
+    once.
     """
     if not isinstance(secret, Secret):
         raise InputError(f"release needs an rpwjax.keys.Secret, got {type(secret).__name__}")
@@ -147,7 +150,7 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     if y.size == 0:
         return y
     per_row = _per_row(params, y.size)
-    s = spec(params)
+    s = spec(params) if output_spec is None else output_spec
     offset = start % BLOCK_ROWS
     devices = jax.local_devices()  # multi-host: each process shards its own rows over its own devices
     num_blocks = -(-(offset + y.size) // BLOCK_ROWS)
