@@ -1,11 +1,11 @@
-"""pytest-benchmark wrappers around the case table of :mod:`rpwjax.bench`.
+"""pytest-benchmark wrappers around the case table of :mod:`rpwjax.bench.suite`.
 
 Not collected by the default ``pytest`` run (testpaths = tests). Run with::
 
     pytest benchmarks --benchmark-only                       # full sizes
     pytest benchmarks --benchmark-only --rpwjax-plan quick   # the quick subset
 
-Each case of ``rpwjax.bench.build_groups`` is one test; the warm-up call
+Each case of ``rpwjax.bench.suite.build_groups`` is one test; the warm-up call
 (compilation) happens before pytest-benchmark's timer starts. Members of a
 (family, size) group share ``benchmark.group``, so the report puts a case
 next to its baseline.
@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from rpwjax import bench
+from rpwjax.bench import suite as bench
 
 
 def pytest_addoption(parser):

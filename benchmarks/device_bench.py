@@ -1,7 +1,7 @@
 """Core benchmark cases on whatever backend JAX runs on (a GPU when it sees one).
 
 Called by ``benchmarks/device_run.sh``; never needed by the tests or CI.
-Measures, with the timing loop and case definitions of :mod:`rpwjax.bench`:
+Measures, with the timing loop and case definitions of :mod:`rpwjax.bench.suite`:
 
 * sampling: ``jax.random.uniform`` (the floor) and RPWithPrior's sampler on
   n float32 labels, n up to 1e8;
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
 
-    from rpwjax import bench
+    from rpwjax.bench import suite as bench
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from rpwjax import api
-from rpwjax.experiments import format_target_table, read_rows, summarize, target_table
-from rpwjax.plots import plot_curves
+from rpwjax.experiments.sweeps import format_target_table, read_rows, summarize, target_table
+from rpwjax.experiments.plots import plot_curves
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_EPSILON = 2.0

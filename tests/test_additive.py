@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rpwjax.additive import (
+from rpwjax.mechanisms.additive import (
     Gaussian,
     Laplace,
     Staircase,
@@ -20,7 +20,7 @@ from rpwjax.additive import (
     staircase_noise_mse,
     staircase_optimal_gamma,
 )
-from rpwjax.base import label_mse_grid, sample_grid
+from rpwjax.mechanisms.base import label_mse_grid, sample_grid
 from rpwjax.errors import InputError
 from rpwjax.keys import Secret
 from rpwjax.priors import empirical_prior, histogram_prior, private_histogram

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rpwjax import audit as audit_module
-from rpwjax import realized
-from rpwjax.additive import Laplace, Staircase, gaussian_delta
+from rpwjax.audit import checks as audit_module
+from rpwjax.audit import realized
+from rpwjax.mechanisms.additive import Laplace, Staircase, gaussian_delta
 from rpwjax.api import mechanism_names
-from rpwjax.audit import audit_mechanism, clopper_pearson, fit_example
+from rpwjax.audit.checks import audit_mechanism, clopper_pearson, fit_example
 from rpwjax.errors import InputError
-from rpwjax.rpwithprior import RPWithPrior
-from rpwjax.rr_on_bins import RROnBins
+from rpwjax.mechanisms.rpwithprior import RPWithPrior
+from rpwjax.mechanisms.rr_on_bins import RROnBins
 
 SAMPLES = 200_000  # per label; enough to catch every broken mechanism below with a wide margin
 # mechanisms known to spend their whole budget on the pair (lo, hi): the audit must come close to ε on them

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from rpwjax import bench
+from rpwjax.bench import suite as bench
 from rpwjax.api import MECHANISMS
 
 
@@ -87,7 +87,7 @@ def test_plots_exist(bench_run):
 
 def test_reference_reaches_the_exact_optimum():
     """The O(k³) reference and the exact search agree on the 'inside' objective (same histogram)."""
-    from rpwjax.rpwithprior import fit_rpwithprior
+    from rpwjax.mechanisms.rpwithprior import fit_rpwithprior
 
     algorithm1 = bench.load_reference()
     prior = bench.histogram(12)

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rpwjax.datasets import (
+from rpwjax.experiments.datasets import (
     CRITEO_CATEGORICAL,
     Dataset,
     criteo_synthetic,

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rpwjax import api, cli
-from rpwjax.audit import clopper_pearson
+from rpwjax.audit.checks import clopper_pearson
 
 N = 200_000
 EPSILON = 1.0

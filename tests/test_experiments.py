@@ -6,9 +6,9 @@ import pyarrow.csv as pacsv
 import pytest
 
 from rpwjax import api, cli
-from rpwjax.datasets import load_dataset, train_test_split
+from rpwjax.experiments.datasets import load_dataset, train_test_split
 from rpwjax.errors import InputError
-from rpwjax.experiments import COLUMNS, NON_PRIVATE, SweepConfig, privatize_grid, run_sweep, summarize
+from rpwjax.experiments.sweeps import COLUMNS, NON_PRIVATE, SweepConfig, privatize_grid, run_sweep, summarize
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_bad_sweep_config():
 
 
 def test_variants_join_the_sweep_and_the_target_table_compares_them(crime_split):
-    from rpwjax.experiments import VARIANTS, format_target_table, target_table
+    from rpwjax.experiments.sweeps import VARIANTS, format_target_table, target_table
 
     config = SweepConfig(mechanisms=("rr-on-bins",), variants=tuple(VARIANTS), epsilons=(1.0,), seeds=1, epochs=2)
     rows = run_sweep(crime_split, config, progress=False)

@@ -10,7 +10,7 @@ from scipy import integrate, stats
 from scipy.special import logsumexp
 
 import rpwjax
-from rpwjax.additive import Gaussian, Laplace, Staircase
+from rpwjax.mechanisms.additive import Gaussian, Laplace, Staircase
 from rpwjax.posterior import _discrete_posterior, posterior_mean
 from rpwjax.priors import Prior, empirical_prior, histogram_prior
 

@@ -7,10 +7,10 @@ import pytest
 from scipy import integrate, stats
 
 import rpwjax
-from rpwjax import interval_search
+from rpwjax.mechanisms import interval_search
 from rpwjax.keys import Secret
 from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
-from rpwjax.rpwithprior import RPWithPrior, _fit_shared_zeta, fit_rpwithprior
+from rpwjax.mechanisms.rpwithprior import RPWithPrior, _fit_shared_zeta, fit_rpwithprior
 
 EPS_GRID = np.array([0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 4.0, 8.0])
 

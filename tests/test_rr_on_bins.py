@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rpwjax.base import label_mse_grid, sample_grid
+from rpwjax.mechanisms.base import label_mse_grid, sample_grid
 from rpwjax.errors import InputError
 from rpwjax.keys import Secret
 from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
-from rpwjax.rr_on_bins import RROnBins, fit_rr_on_bins
+from rpwjax.mechanisms.rr_on_bins import RROnBins, fit_rr_on_bins
 
 EPSILONS = np.array([0.05, 0.5, 2.0, 8.0])
 

@@ -1,16 +1,17 @@
-"""The two-stage, feature-aware pipeline and the mean-calibrated prior (rpwjax.twostage)."""
+"""The two-stage, feature-aware pipeline and the mean-calibrated prior (rpwjax.pipelines.two_stage)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rpwjax import InputError, twostage
+from rpwjax import InputError
+from rpwjax.pipelines import two_stage as twostage
 from rpwjax.keys import Secret
 from rpwjax.posterior import posterior_mean
 from rpwjax.priors import histogram_prior
-from rpwjax.rpwithprior import fit_rpwithprior
-from rpwjax.unbiased import fit_unbiased
+from rpwjax.mechanisms.rpwithprior import fit_rpwithprior
+from rpwjax.mechanisms.unbiased import fit_unbiased
 
 LO, HI = 0.0, 5.0
 

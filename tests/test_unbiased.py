@@ -12,11 +12,11 @@ import scipy.sparse as sparse
 from scipy import stats
 from scipy.optimize import linprog
 
-from rpwjax.base import label_mse_grid, sample_grid
+from rpwjax.mechanisms.base import label_mse_grid, sample_grid
 from rpwjax.errors import InputError
 from rpwjax.keys import Secret
 from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
-from rpwjax.unbiased import Unbiased, default_extension, fit_unbiased, output_grid
+from rpwjax.mechanisms.unbiased import Unbiased, default_extension, fit_unbiased, output_grid
 
 EPSILONS = np.array([0.1, 1.0, 4.0])
 

@@ -1,4 +1,4 @@
-"""Params files are verified, not trusted (rpwjax.verify; ``privatize --params``, ``audit --params``).
+"""Params files are verified, not trusted (rpwjax.audit.verify; ``privatize --params``, ``audit --params``).
 
 Honest files of every mechanism come from ``rpwjax fit --save`` with the default
 private prior and a key file from ``rpwjax keygen``; the edited ones change a
@@ -14,7 +14,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from rpwjax import api, cli, verify
+from rpwjax import api
+from rpwjax import cli
+from rpwjax.audit import verify
 from rpwjax.errors import InputError
 from helpers import run
 
@@ -102,7 +104,7 @@ def test_privatize_with_an_honest_file_reports_what_was_verified(saved, tmp_path
     rec = record(saved, mechanism)
     assert side["epsilon"] == rec["epsilon"] and side["params"] == rec["params"]
     verified = side["verified"]
-    assert verified["pass"] is True and verified["verifier"] == "rpwjax.verify.verify_record"
+    assert verified["pass"] is True and verified["verifier"] == "rpwjax.audit.verify.verify_record"
     assert verified["mechanism"] == mechanism and verified["epsilon_mechanism"] == rec["epsilon_mechanism"]
     assert all(verified["checks"].values())
     assert verified["epsilon_mechanism_recomputed"] <= rec["epsilon_mechanism"] + 1e-9

@@ -1,0 +1,288 @@
+"""One entry point for every mechanism: fit with privacy accounting, save, load, apply.
+
+:func:`fit` turns labels (or a prior) and a total ε (scalar or grid) into a
+:class:`FitResult`: batched parameters plus the accounting of SPEC section 3
+(ε = ε₁ + ε₂ by basic composition; δ for the Gaussian) and the label MSE
+under the prior that was used. ``FitResult.records()`` is the JSON contract of
+``rpwjax fit --json``; :func:`load_params` reads one record back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+import jax
+import numpy as np
+
+from rpwjax.mechanisms.base import Mechanism, label_mse_grid
+from rpwjax.errors import InputError, check_choice, check_epsilon, check_range  # noqa: F401 (InputError re-exported)
+from rpwjax.keys import Secret
+from rpwjax.priors import Prior, empirical_prior, private_histogram
+
+# name -> (module, fit function, params class, uses the prior)
+MECHANISMS: dict[str, tuple[str, str, str, bool]] = {
+    "rpwithprior": ("rpwjax.mechanisms.rpwithprior", "fit_rpwithprior", "RPWithPrior", True),
+    "laplace": ("rpwjax.mechanisms.additive", "fit_laplace", "Laplace", False),
+    "gaussian": ("rpwjax.mechanisms.additive", "fit_gaussian", "Gaussian", False),
+    "staircase": ("rpwjax.mechanisms.additive", "fit_staircase", "Staircase", False),
+    "rr-on-bins": ("rpwjax.mechanisms.rr_on_bins", "fit_rr_on_bins", "RROnBins", True),
+    "unbiased": ("rpwjax.mechanisms.unbiased", "fit_unbiased", "Unbiased", True),
+}
+PRIORS = ("empirical", "private")
+DEFAULT_PRIOR_FRACTION = 0.1  # ε₁ = 0.1·ε unless --prior-epsilon is given
+DEFAULT_BINS = 32
+FORMAT_VERSION = 1
+
+
+def mechanism_names() -> tuple[str, ...]:
+    return tuple(MECHANISMS)
+
+
+def _entry(name: str):
+    check_choice(name, "mechanism", tuple(MECHANISMS))
+    module, fit_name, cls_name, uses_prior = MECHANISMS[name]
+    mod = importlib.import_module(module)
+    return getattr(mod, fit_name), getattr(mod, cls_name), uses_prior
+
+
+@dataclasses.dataclass(frozen=True)
+class FitResult:
+    """A fitted mechanism over an ε grid (or one ε) with its privacy accounting."""
+
+    mechanism: str
+    params: Mechanism
+    epsilon: np.ndarray  # total ε, per fit
+    epsilon_prior: np.ndarray  # ε₁ spent on the prior (0 for a known prior)
+    epsilon_mechanism: np.ndarray  # ε₂ the mechanism runs with
+    delta: np.ndarray
+    prior: str  # "empirical" | "private-histogram" | "histogram" | "none"
+    bins: int | None
+    lo: float
+    hi: float
+    label_mse: np.ndarray
+    info: dict[str, Any]
+    prior_used: Prior | None = None  # the prior object (one per ε when private): for post-processing
+
+    def __len__(self) -> int:
+        return int(np.size(self.epsilon))
+
+    def __getitem__(self, i: int) -> "FitResult":
+        """The fit for the i-th ε of the grid."""
+        if np.ndim(self.epsilon) == 0:
+            if i not in (0, -1):
+                raise IndexError(i)
+            return self
+        pick = lambda v: np.asarray(v)[i]  # noqa: E731
+        return dataclasses.replace(
+            self,
+            params=self.params[i],
+            epsilon=pick(self.epsilon),
+            epsilon_prior=pick(self.epsilon_prior),
+            epsilon_mechanism=pick(self.epsilon_mechanism),
+            delta=pick(self.delta),
+            label_mse=pick(self.label_mse),
+            info={k: pick(v) for k, v in self.info.items()},
+            prior_used=self.prior_for(i),
+        )
+
+    def prior_for(self, i: int) -> Prior | None:
+        """The prior the i-th fit used (a slice of a batched private histogram)."""
+        if self.prior_used is None or np.ndim(self.prior_used.mass) == 1:
+            return self.prior_used
+        return jax.tree_util.tree_map(lambda leaf: np.asarray(leaf)[i], self.prior_used)
+
+    def records(self) -> list[dict]:
+        """One JSON-ready dict per ε (the ``fit --json`` / ``--save`` format)."""
+        return [self[i]._record() for i in range(len(self))]
+
+    def _prior_record(self) -> dict:
+        """Kind and bins; a histogram prior also its edges and masses (they are private or public
+        already, so saving them costs nothing; the empirical prior is never written out)."""
+        out = {"kind": self.prior, "bins": self.bins}
+        if self.prior == "empirical":
+            uses_prior = MECHANISMS[self.mechanism][3]
+            read = ("the parameters and the reported label_mse are functions of the raw labels"
+                    if uses_prior else "the reported label_mse is a function of the raw labels")
+            out["public_prior_required"] = True
+            out["note"] = (f"known-prior setting (experiments): {read}, so the epsilon guarantee holds only if this "
+                           "prior (the labels' empirical distribution) is public; nothing was spent on it")
+        prior = self.prior_used
+        if prior is not None and not prior.discrete and self.prior in ("private-histogram", "histogram"):
+            out["edges"] = np.concatenate([np.asarray(prior.left)[:1], np.asarray(prior.right)]).tolist()
+            out["masses"] = np.asarray(prior.mass).tolist()
+        return out
+
+    def _record(self) -> dict:
+        fields = self.params.to_json()
+        fields.update({k: _plain(v) for k, v in self.info.items()})
+        return {
+            "format_version": FORMAT_VERSION,
+            "mechanism": self.mechanism,
+            "epsilon": float(self.epsilon),
+            "epsilon_prior": float(self.epsilon_prior),
+            "epsilon_mechanism": float(self.epsilon_mechanism),
+            "delta": float(self.delta),
+            "pure_dp": bool(self.params.pure),
+            "range": [self.lo, self.hi],
+            "prior": self._prior_record(),
+            "label_mse": float(self.label_mse),
+            "params": fields,
+        }
+
+
+def _plain(v):
+    arr = np.asarray(v)
+    return arr.item() if arr.ndim == 0 else arr.tolist()
+
+
+def fit(
+    mechanism: str,
+    labels=None,
+    *,
+    range,
+    epsilon,
+    prior: str | Prior = "private",
+    prior_epsilon=None,
+    bins: int = DEFAULT_BINS,
+    secret: Secret | None = None,
+    seed: int | None = None,
+    clip: bool = False,
+    spend_prior: bool = False,
+    **options,
+) -> FitResult:
+    """Fit ``mechanism`` for a total privacy budget ``epsilon`` (scalar or 1-d grid).
+
+    Args:
+      mechanism: one of :data:`MECHANISMS` (``"rpwithprior"``, ``"laplace"``, ...).
+      labels: the training labels (1-d); not needed with a :class:`Prior` object.
+      range: the PUBLIC label range ``(lo, hi)``.
+      epsilon: total ε per fit.
+      prior: ``"private"`` (default; ``Hist_ε``: ε₁ for a noisy histogram with
+        ``bins`` bins, ε₂ = ε - ε₁ for the mechanism), ``"empirical"`` (the
+        known-prior setting: the labels' empirical distribution, the mechanism
+        gets all of ε; the guarantee then holds only if that prior is public,
+        and the parameters are functions of the labels), or a :class:`Prior`
+        the caller vouches for (e.g. public knowledge). Mechanisms that do not
+        use a prior ignore it and get all of ε.
+      prior_epsilon: ε₁ (must be < every ε); default ``0.1·ε`` per ε.
+      secret: the :class:`~rpwjax.keys.Secret` the histogram noise is drawn
+        from; default: fresh OS entropy.
+      seed: EXPERIMENTS ONLY, instead of ``secret``: an integer expanded into a
+        secret (anyone can try every small seed and subtract the noise).
+      clip: clip labels outside the range instead of refusing them.
+      spend_prior: also build the prior for a mechanism that does not use one
+        (Laplace, Gaussian, Staircase), e.g. to denoise its outputs under it;
+        with ``prior="private"`` that costs ε₁ and the mechanism gets ε - ε₁.
+      options: mechanism options (``zeta``, ``objective``, ``delta``, ...).
+    """
+    fit_fn, _, uses_prior = _entry(mechanism)
+    lo, hi = check_range(*range)
+    eps = check_epsilon(epsilon)
+    grid = np.atleast_1d(eps)
+
+    if isinstance(prior, Prior):
+        prior_obj, kind, eps1 = prior, prior.kind, np.zeros_like(grid)
+        if (prior.lo, prior.hi) != (lo, hi):
+            raise InputError(f"prior range ({prior.lo}, {prior.hi}) differs from range ({lo}, {hi})")
+    else:
+        check_choice(prior, "prior", PRIORS)
+        if labels is None:
+            raise InputError("labels are required unless a Prior object is given")
+        if not uses_prior and not spend_prior:
+            # the prior would only serve reporting; spending budget on it would be waste
+            prior_obj = empirical_prior(labels, lo, hi, clip=clip) if prior == "empirical" else None
+            kind = "empirical" if prior == "empirical" else "none"
+            eps1 = np.zeros_like(grid)
+        elif prior == "empirical":
+            prior_obj, kind, eps1 = empirical_prior(labels, lo, hi, clip=clip), "empirical", np.zeros_like(grid)
+        else:
+            if prior_epsilon is None:
+                eps1 = DEFAULT_PRIOR_FRACTION * grid
+            else:
+                e1 = float(check_epsilon(prior_epsilon, "prior_epsilon"))
+                too_big = grid <= e1
+                if too_big.any():
+                    raise InputError(
+                        f"prior_epsilon must be smaller than epsilon, got prior_epsilon={e1!r} "
+                        f"for epsilon={float(grid[too_big][0])!r}"
+                    )
+                eps1 = np.full_like(grid, e1)
+            if secret is not None and seed is not None:
+                raise InputError("give either secret or seed, not both")
+            if secret is None:
+                secret = Secret.from_seed(seed) if seed is not None else Secret.from_entropy()
+            prior_obj = private_histogram(labels, lo, hi, eps1 if eps.ndim else eps1[0], bins=bins, secret=secret,
+                                          clip=clip)
+            kind = "private-histogram"
+    if prior_obj is None:
+        # prior-free mechanism with a private-prior request: nothing is read from the labels
+        prior_obj = Prior(np.array([lo]), np.array([hi]), np.array([1.0]), lo, hi, False, "none")
+    eps2 = grid - eps1
+    params, info = fit_fn(prior_obj, eps2 if eps.ndim else eps2[0], **options)
+    delta = np.broadcast_to(np.asarray(getattr(params, "delta", 0.0), np.float64), grid.shape if eps.ndim else ())
+    mse = np.asarray(label_mse_grid(params, prior_obj)) if kind != "none" else _prior_free_mse(params)
+    squeeze = (lambda v: np.asarray(v)[0]) if eps.ndim == 0 else np.asarray
+    return FitResult(
+        mechanism=mechanism,
+        params=params,
+        epsilon=squeeze(grid),
+        epsilon_prior=squeeze(eps1),
+        epsilon_mechanism=squeeze(eps2),
+        delta=np.asarray(delta, np.float64).copy(),
+        prior=kind,
+        bins=bins if kind == "private-histogram" else None,
+        lo=lo,
+        hi=hi,
+        label_mse=mse,
+        info=info,
+        prior_used=prior_obj if kind != "none" else None,
+    )
+
+
+def _prior_free_mse(params):
+    """Label MSE of a prior-free mechanism: its mse does not depend on y inside the range."""
+    lo = params.lo
+    with jax.enable_x64(True):
+        if params.batch_shape == ():
+            return np.asarray(params.mse(np.float64(lo)))
+        return np.asarray(jax.vmap(lambda p: p.mse(np.float64(lo)))(params))
+
+
+def prior_from_record(record: dict) -> Prior | None:
+    """The histogram prior saved in a fit record, or None (empirical priors are never saved)."""
+    from rpwjax.priors import histogram_prior
+
+    saved = record.get("prior") or {}
+    if "edges" not in saved or "masses" not in saved:
+        return None
+    return histogram_prior(saved["edges"], saved["masses"], kind=saved.get("kind", "histogram"))
+
+
+def one_record(record) -> dict:
+    """The single fit record of a params file (a ``--save`` object or a one-element ``fit --json`` list)."""
+    if isinstance(record, list):
+        if len(record) != 1:
+            raise InputError(f"a params file must hold exactly one fit, got {len(record)}")
+        record = record[0]
+    if not isinstance(record, dict) or "mechanism" not in record or "params" not in record:
+        raise InputError("params file is not an rpwjax fit record (needs 'mechanism' and 'params')")
+    return record
+
+
+def load_params(record: dict) -> tuple[Mechanism, dict]:
+    """Parameters for ONE ε from a ``--save`` record (or a one-element ``fit --json`` list).
+
+    This only parses (with each mechanism's own ``from_json`` validation); it does not check that the record's
+    stated ε and δ hold for the parameters. :func:`rpwjax.audit.verify.verify_record` does (``privatize --params`` runs it).
+    """
+    record = one_record(record)
+    _, cls, _ = _entry(record["mechanism"])
+    try:
+        params = cls.from_json(record["params"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise InputError(f"params file for {record['mechanism']} is missing or has a bad field: {err}") from None
+    if params.batch_shape != ():
+        raise InputError(f"a params file must hold parameters for one epsilon, got shape {params.batch_shape}")
+    return params, record

@@ -1,0 +1,230 @@
+r"""The as-implemented privacy check: exact realized probabilities of what the release path emits.
+
+The ideal density of a mechanism is not what ships. What ships is
+:func:`rpwjax.release_path.released_values` applied to one of ``N = 2^52``
+equally likely uniforms ``u_k = (k + 1/2)·2^-52``. For a label ``y`` the
+*realized* probability of a released value ``c`` is
+
+.. math::
+   P(c \mid y) = \#\{k : \mathrm{release}(u_k, y) = c\} / N .
+
+Every shipped sampler is non-decreasing in ``u`` (checked here on random
+sorted ``k``), and so are the snap and the clamp, so the ``k`` that give ``c``
+form an interval, and ``K(c) = \#\{k : \mathrm{release}(u_k, y) < c\}`` is found
+exactly by bisection on ``k`` (53 steps, vectorized over all cells). The
+cells are all values the release can emit: the grid points of the public
+output range (continuous mechanisms, at most ``MAX_CELLS + 1``), or the
+output values (discrete). Random ``k`` also confirm that every emitted value
+is one of those cells.
+
+Then, over a set of labels (range ends, both sides of every breakpoint, a
+grid and random points):
+
+* pure mechanisms: ``realized_max_log_ratio`` = max over cells of
+  log max_y P(c|y) - log min_y P(c|y) (infinite where one label can emit a
+  value that another cannot); pass iff <= ε + :data:`REALIZED_TOLERANCE`;
+* (ε, δ) mechanisms: the realized δ, max over ordered label pairs of
+  Σ_c max(0, P(c|y) - e^ε P(c|y')); pass iff <= δ.
+
+The same code takes any other release rule (``value_fn`` and its count of
+uniforms), e.g. a float32 sampler, whose realized probabilities it then
+computes by enumerating all of its uniforms.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from rpwjax.release_path import UNIFORM_COUNT, released_values, sidecar_fields, spec, uniform_from_index
+from rpwjax.mechanisms.base import Mechanism
+
+REALIZED_TOLERANCE = 1e-6
+RANDOM_LABELS = 8
+CHECK_DRAWS = 1 << 14  # random k per label for the monotonicity and membership checks
+MAX_ENUMERATION = 1 << 25  # value_fn with at most this many uniforms may be enumerated
+
+
+def shipped_value_fn(params: Mechanism):
+    """(value_fn(k, y), N, cells) of the shipped release of ``params``."""
+    s = spec(params)
+    grid, low, high = s["grid"], float(np.min(s["low"])), float(np.max(s["high"]))
+
+    def value_fn(k, y):
+        return released_values(params, grid, s["low"], s["high"], uniform_from_index(k), y)
+
+    if grid is None:
+        cells = np.unique(np.asarray(params.outputs, np.float64))
+    else:
+        cells = np.arange(round(low / grid), round(high / grid) + 1, dtype=np.float64) * grid
+    return value_fn, UNIFORM_COUNT, cells
+
+
+def audit_labels(params: Mechanism, grid_size: int = 17, seed: int = 0) -> np.ndarray:
+    """Range ends, a grid, both float neighbours of every label breakpoint, and random labels."""
+    lo, hi = float(params.lo), float(params.hi)
+    points = [np.linspace(lo, hi, grid_size), np.random.default_rng(seed).uniform(lo, hi, RANDOM_LABELS)]
+    for b in params.breakpoints():
+        b = np.asarray(b, np.float64).ravel()
+        points += [b, np.nextafter(b, -np.inf), np.nextafter(b, np.inf)]
+    labels = np.unique(np.concatenate(points))
+    return labels[(labels >= lo) & (labels <= hi)]
+
+
+@partial(jax.jit, static_argnames=("value_fn", "count"))
+def _thresholds(value_fn, count, cells, labels):
+    """K[l, j] = #{k < count : value_fn(k, labels[l]) < cells[j]} by bisection (value_fn non-decreasing in k)."""
+    steps = int(count).bit_length() + 1
+
+    def one(y):
+        def body(_, state):
+            low, high = state
+            mid = (low + high) // 2
+            below = value_fn(jnp.minimum(mid, count - 1), y) < cells
+            return jnp.where(below, mid + 1, low), jnp.where(below, high, mid)
+
+        start = (jnp.zeros(cells.shape, jnp.int64), jnp.full(cells.shape, count, jnp.int64))
+        return lax.fori_loop(0, steps, body, start)[0]
+
+    return lax.map(one, labels)
+
+
+@partial(jax.jit, static_argnames=("value_fn",))
+def _evaluate(value_fn, k, labels):
+    return jax.vmap(lambda y: value_fn(k, y))(labels)
+
+
+def realized_counts(value_fn: Callable, count: int, labels, cells=None) -> dict[str, Any]:
+    """Counts (L, C) of uniforms per cell and label, and the problems found on the way.
+
+    With ``cells`` given, by bisection (``value_fn`` must be non-decreasing in
+    ``k``; checked); without, by enumerating all ``count`` uniforms.
+    """
+    labels = np.asarray(labels, np.float64)
+    problems: list[str] = []
+    with jax.enable_x64(True):
+        if cells is None:
+            if count > MAX_ENUMERATION:
+                raise ValueError(f"enumerating {count} uniforms is too many; give the cells")
+            k = jnp.arange(count, dtype=jnp.int64)
+            values = np.asarray(_evaluate(value_fn, k, jnp.asarray(labels)), np.float64)
+            cells = np.unique(values)
+            counts = np.stack([np.bincount(np.searchsorted(cells, v), minlength=cells.size) for v in values])
+            return {"cells": cells, "counts": counts, "problems": problems}
+        cells = np.asarray(cells, np.float64)
+        thresholds = np.asarray(_thresholds(value_fn, int(count), jnp.asarray(cells), jnp.asarray(labels)), np.int64)
+        draws = np.sort(np.random.default_rng(1).integers(0, count, CHECK_DRAWS))
+        draws[0], draws[-1] = 0, count - 1
+        values = np.asarray(_evaluate(value_fn, jnp.asarray(draws, jnp.int64), jnp.asarray(labels)), np.float64)
+    decreasing = int(np.count_nonzero(np.diff(values, axis=1) < 0))
+    if decreasing:
+        problems.append(f"the release is not monotone in the uniform ({decreasing} decreases in {values.size} draws)")
+    outside = int(np.count_nonzero(~np.isin(values, cells)))
+    if outside:
+        problems.append(f"{outside} released values in {values.size} draws are not among the {cells.size} output cells")
+    if np.any(thresholds[:, 0] > 0):
+        problems.append("some uniforms release a value below the lowest output cell")
+    counts = np.diff(np.concatenate([thresholds, np.full((labels.size, 1), count)], axis=1), axis=1)
+    return {"cells": cells, "counts": counts, "problems": problems}
+
+
+def max_log_ratio(counts: np.ndarray) -> float:
+    """max over cells of log(max_l count) - log(min_l count); inf where some label has none and another has some."""
+    high, low = counts.max(axis=0), counts.min(axis=0)
+    used = high > 0
+    if np.any(used & (low == 0)):
+        return float("inf")
+    return float(np.max(np.log(high[used].astype(np.float64)) - np.log(low[used].astype(np.float64))))
+
+
+def realized_delta(counts: np.ndarray, count: int, epsilon: float) -> float:
+    """max over ordered label pairs of Σ_c max(0, P(c|y) - e^ε P(c|y'))."""
+    p = counts.astype(np.float64) / count
+    growth = np.exp(epsilon)
+    return float(max(np.maximum(p[i][None, :] - growth * p, 0.0).sum(axis=1).max() for i in range(p.shape[0])))
+
+
+def release_mse(cells, counts, count, labels) -> np.ndarray:
+    """E[(released - y)²] per label, from the realized probabilities."""
+    p = counts.astype(np.float64) / count
+    return np.sum(p * (cells[None, :] - np.asarray(labels)[:, None]) ** 2, axis=1)
+
+
+def check(params: Mechanism, *, labels=None, value_fn=None, count=None, cells=None) -> dict[str, Any]:
+    """The as-implemented check of ``params`` (default: its shipped release).
+
+    Returns ``realized_max_log_ratio``, ``realized_delta`` (at the claimed ε),
+    ``pass``, ``problems``, the release's ``output_grid``/``output_range``, the
+    fewest uniforms in a used cell, and ``release_mse_change``: the relative
+    change of the label MSE (mean over the audited labels) that the grid and
+    the clamp cause against the ideal mechanism's ``mse``.
+    """
+    eps = float(np.asarray(params.epsilon))
+    pure = bool(getattr(params, "pure", True))
+    delta = 0.0 if pure else float(np.asarray(params.delta))
+    if labels is None:
+        labels = audit_labels(params)
+    info: dict[str, Any] = {}
+    if value_fn is None:
+        value_fn, count, cells = shipped_value_fn(params)
+        info.update(sidecar_fields(params))
+    result = realized_counts(value_fn, count, labels, cells)
+    counts, cells = result["counts"], result["cells"]
+    ratio = max_log_ratio(counts)
+    real_delta = realized_delta(counts, count, eps)
+    used = counts.max(axis=0) > 0
+    problems = list(result["problems"])
+    if pure and not ratio <= eps + REALIZED_TOLERANCE:
+        problems.append(f"realized max log ratio {ratio:.9g} exceeds epsilon={eps:g} + {REALIZED_TOLERANCE:g}")
+    if not pure and not real_delta <= delta:
+        problems.append(f"realized delta {real_delta:.6g} at epsilon={eps:g} exceeds delta={delta:g}")
+    with jax.enable_x64(True):
+        ideal = np.asarray(params.mse(jnp.asarray(labels, jnp.float64)), np.float64)
+    shipped = release_mse(cells, counts, count, labels)
+    info.update(
+        labels=int(np.size(labels)),
+        cells=int(used.sum()),
+        uniforms=int(count),
+        fewest_uniforms_in_a_cell=int(counts[:, used].min()) if used.any() else 0,
+        release_mse_change=float(shipped.mean() / ideal.mean() - 1.0),
+    )
+    return {
+        "realized_max_log_ratio": ratio,
+        "realized_delta": real_delta,
+        "pass": not problems,
+        "problems": problems,
+        "info": info,
+    }
+
+
+def key_space_check(derive: Callable[[bytes, int], np.ndarray] | None = None) -> dict[str, Any]:
+    """Every bit of the secret reaches every block key, and blocks get different keys.
+
+    ``derive(material, block)`` returns a block's key data (default: the
+    shipped :meth:`rpwjax.keys.Secret.key_data` for purpose ``"labels"``).
+    Flipping each of the 256 bits of a fixed secret, and moving to the next
+    block, must give 2·257 pairwise different keys; a derivation that keeps
+    only part of the secret (e.g. an integer seed truncated to 32 bits) fails.
+    """
+    from rpwjax.keys import SECRET_BYTES, Secret
+
+    if derive is None:
+        derive = lambda material, block: Secret(material).key_data("labels", block)  # noqa: E731
+    base = bytes(range(7, 7 + SECRET_BYTES))
+    variants = [base] + [
+        bytes(b ^ (1 << (i % 8)) if j == i // 8 else b for j, b in enumerate(base)) for i in range(8 * SECRET_BYTES)
+    ]
+    keys = {tuple(np.asarray(derive(m, block), np.uint32).ravel().tolist()) for m in variants for block in (0, 1)}
+    bits = 32 * len(next(iter(keys)))
+    problems = []
+    if bits < 64:
+        problems.append(f"block keys have {bits} bits (< 64)")
+    if len(keys) != 2 * len(variants):
+        problems.append(f"only {len(keys)} distinct keys for {2 * len(variants)} (secret, block) pairs: "
+                        "some secret bits do not reach the key")
+    return {"pass": not problems, "key_bits": bits, "distinct_keys": len(keys), "problems": problems}

@@ -1,0 +1,621 @@
+"""The ``rpwjax`` command line (SPEC section 6): a thin layer over the library.
+
+Errors print one line on stderr naming the problem and the value: exit 2 for
+bad input (including a bad command line), 1 for I/O errors. ``SIGINT`` and
+``SIGTERM`` stop a run with one line and exit 130 and 143. Nothing
+half-written is left behind (:func:`rpwjax.io.atomic_outputs`). Warnings are
+printed as one line each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+from rpwjax import __version__
+
+DEFAULT_BINS_CLI = 32
+MAX_BINS = 1024  # --bins lies in [1, MAX_BINS]: RR-on-Bins' fit grows with the square of the bins
+
+EXIT_INPUT = 2
+EXIT_IO = 1
+EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: unwinds like KeyboardInterrupt, so every atomic output removes its temporary files."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, like every other bad input
+        self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _add_fit_options(p: argparse.ArgumentParser, *, many_epsilons: bool, required: bool):
+    from rpwjax.api import DEFAULT_BINS, MECHANISMS
+
+    p.add_argument("--mechanism", choices=list(MECHANISMS), required=required, help="mechanism to fit")
+    p.add_argument(
+        "--epsilon", type=float, nargs="+" if many_epsilons else None, required=required,
+        help="total privacy budget" + (" (one or more values)" if many_epsilons else ""),
+    )
+    p.add_argument("--zeta", default=None, help="RPWithPrior window half-width (label units) or 'auto' (default)")
+    p.add_argument("--objective", choices=["neighborhood", "inside"], default=None,
+                   help="RPWithPrior interval objective (default neighborhood)")
+    p.add_argument("--prior", choices=["private", "empirical"], default=None,
+                   help="private (default): Hist_eps, epsilon_1 for a noisy histogram; empirical: the known-prior "
+                        "setting (all of epsilon to the mechanism, private only if that prior is public)")
+    p.add_argument("--prior-epsilon", type=float, default=None,
+                   help="epsilon_1 spent on the private histogram (default 0.1*epsilon)")
+    p.add_argument("--bins", type=int, default=None,
+                   help=f"bins of the private histogram, 1 to {MAX_BINS} (default {DEFAULT_BINS})")
+    p.add_argument("--delta", type=float, default=None, help="delta of the Gaussian mechanism (default 1e-5)")
+    p.add_argument("--calibration", choices=["analytic", "classic"], default=None,
+                   help="Gaussian sigma: analytic (default) or classic (the paper's)")
+    p.add_argument("--clip", action="store_true", help="clip labels outside the range instead of refusing them")
+
+
+def _mechanism_options(args) -> dict:
+    opts = {}
+    if args.mechanism == "rpwithprior":
+        zeta = "auto" if args.zeta is None else args.zeta
+        opts["zeta"] = zeta if zeta == "auto" else _float(zeta, "zeta")
+        opts["objective"] = args.objective or "neighborhood"
+    if args.mechanism == "gaussian":
+        if args.delta is not None:
+            opts["delta"] = args.delta
+        if args.calibration is not None:
+            opts["calibration"] = args.calibration
+    return opts
+
+
+def _float(text, name):
+    from rpwjax.errors import InputError
+
+    try:
+        return float(text)
+    except ValueError:
+        raise InputError(f"{name} must be a number or 'auto', got {name}={text!r}") from None
+
+
+def _add_secret_options(p: argparse.ArgumentParser, what: str):
+    p.add_argument("--key-file", default=None,
+                   help=f"256-bit secret from `rpwjax keygen` for the {what} (default: fresh OS entropy); "
+                        "the same key file and row offsets reproduce the output bit for bit")
+    p.add_argument("--seed", type=int, default=None,
+                   help="EXPERIMENTS ONLY: an integer seed instead of a secret (guessable; the sidecar says "
+                        "\"reproducible_seed\": true, not for production)")
+
+
+def _check_bins(bins, name="--bins"):
+    from rpwjax.errors import InputError
+
+    if bins is not None and not 1 <= bins <= MAX_BINS:
+        raise InputError(f"{name} must be an integer from 1 to {MAX_BINS}, got {bins}")
+
+
+def _check_fit_options(args, *, spend_prior: bool):
+    """Refuse fit options that would do nothing for this mechanism and prior (instead of ignoring them)."""
+    from rpwjax.api import MECHANISMS
+    from rpwjax.errors import InputError
+
+    _check_bins(args.bins)
+    _check_prior_epsilon(args)
+    mechanism = args.mechanism
+    for flag, value, owner in (("--zeta", args.zeta, "rpwithprior"), ("--objective", args.objective, "rpwithprior"),
+                               ("--delta", args.delta, "gaussian"), ("--calibration", args.calibration, "gaussian")):
+        if value is not None and mechanism != owner:
+            raise InputError(f"{flag} {value} does nothing for --mechanism {mechanism} (it applies to {owner} only)")
+    uses_prior = MECHANISMS[mechanism][3] or spend_prior
+    if (args.prior or "private") == "empirical":
+        if args.bins is not None:
+            raise InputError(f"--bins {args.bins} does nothing under --prior empirical (no histogram is built): "
+                             "drop it or use --prior private")
+    elif not uses_prior:
+        for flag, value in (("--prior", args.prior), ("--bins", args.bins), ("--prior-epsilon", args.prior_epsilon)):
+            if value is not None:
+                raise InputError(f"{flag} {value} does nothing for --mechanism {mechanism}: it uses no prior and "
+                                 "spends nothing on one (with privatize --denoise posterior it does)")
+
+
+def _add_encoding_option(p: argparse.ArgumentParser):
+    p.add_argument("--encoding", default=None,
+                   help="text encoding of a CSV or text input (default utf-8; a CSV output is written in the same "
+                        "encoding), e.g. latin-1 or cp1252")
+
+
+def _secret(args):
+    from rpwjax.keys import resolve_secret
+
+    return resolve_secret(args.key_file, args.seed)
+
+
+def _fit(args, labels, epsilon, secret):
+    from rpwjax.api import DEFAULT_BINS, fit
+
+    return fit(
+        args.mechanism,
+        labels,
+        range=tuple(args.range),
+        epsilon=epsilon,
+        prior=args.prior or "private",
+        prior_epsilon=args.prior_epsilon,
+        bins=DEFAULT_BINS if args.bins is None else args.bins,
+        secret=secret,
+        clip=args.clip,
+        spend_prior=getattr(args, "denoise", "none") == "posterior",
+        **_mechanism_options(args),
+    )
+
+
+def cmd_fit(args) -> int:
+    from rpwjax import io
+    from rpwjax.errors import InputError, check_range
+
+    if args.range is None:
+        raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
+    _check_fit_options(args, spend_prior=False)
+    lo, hi = check_range(*args.range)
+    labels = io.read_labels(args.labels, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
+    secret = _secret(args)
+    result = _fit(args, labels, args.epsilon if len(args.epsilon) > 1 else args.epsilon[0], secret.child("fit"))
+    records = result.records()
+    for r in records:
+        r.update(_seed_fields(secret))
+    if len(records) > 1:
+        total = _prior_total(records)
+        for r in records:
+            r["all_records"] = total
+    if args.save:
+        if len(records) != 1:
+            raise InputError(f"--save writes exactly one fit: give one --epsilon, got {len(records)}")
+        io.write_json(args.save, records[0])
+    if args.json:
+        print(json.dumps(records, indent=2))
+        if len(records) > 1:
+            print(f"rpwjax fit: {records[0]['all_records']['note']}", file=sys.stderr)
+    else:
+        for r in records:
+            p = r["params"]
+            extra = ""
+            if r["mechanism"] == "rpwithprior":
+                extra = f" A1={p['A1']:.6g} A2={p['A2']:.6g} zeta={p['zeta']:.6g} preservation={p['preservation']:.4f}"
+            print(
+                f"{r['mechanism']} epsilon={r['epsilon']:g} (prior {r['epsilon_prior']:g} + mechanism "
+                f"{r['epsilon_mechanism']:g}, delta={r['delta']:g}) label_mse={r['label_mse']:.6g}{extra}"
+            )
+        if len(records) > 1:
+            print(records[0]["all_records"]["note"])
+    return 0
+
+
+def _check_prior_epsilon(args):
+    from rpwjax.errors import InputError
+
+    if (args.prior or "private") == "empirical" and args.prior_epsilon is not None:
+        raise InputError(f"--prior-epsilon {args.prior_epsilon:g} does nothing under --prior empirical (nothing is "
+                         "spent on a known prior): drop it or use --prior private")
+
+
+def _seed_fields(secret) -> dict:
+    return {"reproducible_seed": True, "seed_note": "integer seed: not for production"} if secret.reproducible else {}
+
+
+def _prior_total(records) -> dict:
+    """What publishing every record of a multi-epsilon fit together costs (basic composition)."""
+    spent = sum(r["epsilon_prior"] for r in records)
+    empirical = any(r["prior"]["kind"] == "empirical" for r in records)
+    note = (f"publishing all {len(records)} records together spends epsilon {spent:g} on their independent "
+            f"private histograms (the sum of their epsilon_prior); each record's epsilon holds for one record alone")
+    if empirical:
+        note += "; the empirical-prior records are functions of the raw labels (private only if that prior is public)"
+    return {"records": len(records), "epsilon_prior_total": spent, "empirical_prior": empirical, "note": note}
+
+
+def cmd_keygen(args) -> int:
+    from rpwjax.keys import write_key_file
+
+    path = write_key_file(args.output)
+    print(f"wrote a 256-bit secret to {path} (keep it secret: with it anyone can undo the noise)")
+    return 0
+
+
+def cmd_privatize(args) -> int:
+    from rpwjax import io
+    from rpwjax.api import load_params, prior_from_record
+    from rpwjax.errors import InputError, check_range
+    from rpwjax.privatize import check_chunk_rows, check_row_offset, privatize_file
+
+    check_chunk_rows(args.chunk_rows)
+    check_row_offset(args.row_offset)
+    io.file_kind(args.input, what="input file")
+    io.file_kind(args.output, what="output file")
+    secret = _secret(args)
+    prior = None
+    if args.params:
+        if args.mechanism is not None or args.epsilon is not None:
+            raise InputError("give either --params or fit options (--mechanism/--epsilon), not both")
+        for flag in ("zeta", "objective", "prior", "prior_epsilon", "bins", "delta", "calibration"):
+            if getattr(args, flag) is not None:
+                raise InputError(f"--{flag.replace('_', '-')} {getattr(args, flag)} does nothing with --params: the "
+                                 "params file fixes the fit (refit with `rpwjax fit` to change it)")
+        params, record = load_params(io.read_json(args.params))
+        from rpwjax.audit.verify import verify_record
+
+        # nothing in the file is taken on trust: its guarantee is recomputed from the parameters (refused if weaker
+        # than stated or if its fields disagree) before anything is written, and the sidecar says what was verified
+        params, verified = verify_record(record)
+        record = dict(record, verified=verified)
+        prior = prior_from_record(record)
+        if record.get("prior", {}).get("kind") == "empirical" and not args.prior_is_public:
+            raise InputError(
+                f"params file {args.params!r} was fitted on an empirical prior: its parameters are functions of the "
+                "raw labels, so the release is private only if that prior is public. Say so with --prior-is-public, "
+                "or refit with --prior private")
+        if args.range is not None and (float(args.range[0]), float(args.range[1])) != (params.lo, params.hi):
+            raise InputError(f"--range {args.range} differs from the params file's range [{params.lo}, {params.hi}]")
+        if args.prior_is_public and record.get("prior", {}).get("kind") != "empirical":
+            raise InputError(f"--prior-is-public does nothing here: params file {args.params!r} was not fitted on an "
+                             "empirical prior")
+    else:
+        if args.mechanism is None or args.epsilon is None:
+            raise InputError("privatize needs --params PARAMS.json, or --mechanism and --epsilon to fit")
+        if args.range is None:
+            raise InputError("--range LO HI is required to fit: the label range is public input")
+        _check_fit_options(args, spend_prior=args.denoise == "posterior")
+        if args.prior == "empirical" and not args.prior_is_public:
+            raise InputError(
+                "--prior empirical makes the parameters functions of the raw labels: the release is private only if "
+                "that prior is public. Say so with --prior-is-public, or use --prior private (the default)")
+        if args.prior_is_public and args.prior != "empirical":
+            raise InputError("--prior-is-public does nothing without --prior empirical")
+        lo, hi = check_range(*args.range)
+        labels = io.read_labels(args.input, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
+        # the histogram noise (if any) and the release draw from independent keys derived from the secret
+        result = _fit(args, labels, args.epsilon, secret.child("fit"))
+        params, record = result.params, result.records()[0]
+        prior = result.prior_for(0)
+    postprocess = None
+    if args.denoise == "posterior":
+        from rpwjax.posterior import posterior_mean
+
+        if prior is None:
+            raise InputError(
+                "--denoise posterior needs the prior the fit used: a params file saves it only for a private "
+                "histogram (fit with --prior private; for laplace, gaussian and staircase privatize without "
+                "--params, which then spends epsilon_1 on the histogram), or privatize without --params to fit inline"
+            )
+        posterior_mean(params, prior, [params.lo])  # fail before any output if this pair has no posterior
+        postprocess = lambda noisy: posterior_mean(params, prior, noisy)  # noqa: E731
+    if record.get("prior", {}).get("kind") == "empirical":
+        record = dict(record, prior_is_public="asserted by the user (--prior-is-public)")
+    privatize_file(
+        args.input,
+        args.output,
+        label_column=args.label_column,
+        params=params,
+        secret=secret,  # the release draws from secret.child("release"); an inline fit from secret.child("fit")
+        record=record,
+        chunk_rows=args.chunk_rows,
+        clip=args.clip,
+        progress=not args.quiet,
+        row_offset=args.row_offset,
+        postprocess=postprocess,
+        postprocess_name="posterior-mean" if postprocess else None,
+        postprocess_range=(params.lo, params.hi) if postprocess else None,  # a posterior mean lies in the range
+        encoding=args.encoding,
+    )
+    return 0
+
+
+def _sweep(split, config, out_dir, quiet) -> int:
+    from pathlib import Path
+
+    from rpwjax.experiments.sweeps import format_table, run_sweep, summarize, write_rows
+    from rpwjax.experiments.plots import plot_curves
+
+    rows = run_sweep(split, config, progress=not quiet)
+    out = Path(out_dir)
+    write_rows(rows, out / "results.csv")
+    paths = plot_curves(rows, out)
+    print(format_table(summarize(rows)))
+    print(f"results: {out / 'results.csv'}")
+    for p in paths:
+        print(f"plot: {p}")
+    return 0
+
+
+def cmd_curves(args) -> int:
+    from rpwjax.experiments.datasets import load_dataset, load_table, train_test_split
+    from rpwjax.errors import InputError
+    from rpwjax.experiments.sweeps import PAPER_EPSILONS, SweepConfig
+
+    if (args.dataset is None) == (args.data is None):
+        raise InputError("give exactly one of --dataset NAME or --data FILE")
+    if args.data is not None:
+        if args.label_column is None or args.range is None:
+            raise InputError("--data needs --label-column COL and --range LO HI (the range is public input)")
+        _check_bins(args.bins)
+        dataset = load_table(args.data, args.label_column, args.range[0], args.range[1], clip=args.clip)
+    else:
+        _check_bins(args.bins)
+        dataset = load_dataset(args.dataset)
+    config = SweepConfig(
+        mechanisms=tuple(args.mechanisms) if args.mechanisms else SweepConfig.mechanisms,
+        epsilons=tuple(args.epsilon) if args.epsilon else PAPER_EPSILONS,
+        seeds=args.seeds,
+        epochs=args.epochs,
+        prior=args.prior,
+        prior_epsilon=args.prior_epsilon,
+        bins=args.bins,
+        denoise=tuple(args.denoise or ()),
+        variants=tuple(args.variants or ()),
+    )
+    return _sweep(train_test_split(dataset, seed=0), config, args.out, args.quiet)
+
+
+PIPELINES = ("linear-prior", "two-stage", "two-stage-unbiased", "two-stage-rpwithprior", "calibrated")
+
+
+def cmd_privatize_table(args) -> int:
+    """The feature-aware pipelines on a user's table: every row's label replaced, in memory.
+
+    The output keeps every other column as it came in (as ``privatize`` does).
+    """
+    import numpy as np
+
+    from rpwjax import io
+    from rpwjax.pipelines import two_stage as twostage
+    from rpwjax.experiments.datasets import load_table
+    from rpwjax.errors import InputError, check_epsilon, check_range
+    from rpwjax.experiments.sweeps import VARIANTS
+    from rpwjax.keys import secret_record
+    from rpwjax.privatize import DEFAULT_CHUNK_ROWS
+
+    if args.range is None:
+        raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
+    eps = float(check_epsilon(args.epsilon))
+    lo, hi = check_range(*args.range)
+    kind = io.file_kind(args.output, what="output file")
+    io.file_kind(args.input, what="input file")
+    if Path(args.input).resolve() == Path(args.output).resolve():
+        raise InputError(f"output must not overwrite the input, got {args.output!r}")
+    two_stage = args.pipeline.startswith("two-stage")
+    if args.epochs is not None and not two_stage:
+        raise InputError(f"--epochs {args.epochs} does nothing for --pipeline {args.pipeline} (it trains no stage "
+                         "model; the two-stage pipelines do)")
+    epochs = 50 if args.epochs is None else args.epochs
+    if epochs < 1:
+        raise InputError(f"epochs must be a positive integer, got epochs={epochs!r}")
+    secret = _secret(args)
+    source = io.TableSource(args.input, args.label_column, encoding=args.encoding)
+    # every label checked first, so that errors name the data row and line
+    io.read_labels(args.input, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
+    data = load_table(args.input, args.label_column, lo, hi, clip=args.clip, encoding=args.encoding)
+    x = data.features.astype(np.float64)
+    scale = x.std(axis=0)
+    x = ((x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)).astype(np.float32)  # features are public
+    y = data.labels
+    if args.pipeline == "linear-prior":
+        labels, record = twostage.linear_prior_labels(x, y, lo, hi, eps, secret=secret, **VARIANTS["linear-prior"])
+    elif args.pipeline == "calibrated":
+        labels, record = twostage.calibrated_denoised(y, lo, hi, eps, secret=secret)
+    else:
+        config = twostage.TwoStageConfig(**VARIANTS[args.pipeline])
+        run = twostage.two_stage_labels(x, y, lo, hi, eps, secret=secret, config=config, epochs=epochs)
+        labels, record = run.labels, run.record
+    labels = np.asarray(labels, dtype=np.float64)
+    if labels.shape != y.shape or not np.all(np.isfinite(labels)):
+        raise RuntimeError("the pipeline produced labels of the wrong shape or non-finite labels")
+    sidecar = {
+        "format_version": 1, "pipeline": args.pipeline, "rows": int(y.size),
+        "feature_columns": list(data.feature_names), "label_column": args.label_column,
+        "postprocessing": "posterior-mean" if args.pipeline != "two-stage-unbiased" else "none",
+        "accounting": record,
+        **secret_record(secret),
+    }
+    text = json.dumps(sidecar, indent=2, allow_nan=False,
+                      default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n"  # fail before writing
+    out = Path(args.output)
+    with io.atomic_outputs(out, out.with_name(out.name + ".json")) as (tmp, tmp_json):
+        rows = io.copy_with_labels(source, tmp, kind, lambda first, _: labels[first - 1: first - 1 + _.size],
+                                   chunk_rows=DEFAULT_CHUNK_ROWS)
+        if rows != y.size:
+            raise InputError(f"{args.input!r} changed while it was read ({y.size} rows, then {rows})")
+        tmp_json.write_text(text)
+    print(f"{args.pipeline}: {y.size} labels privatized at epsilon={eps:g} (per label, total) -> {out}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from rpwjax.experiments.datasets import load_dataset, train_test_split
+    from rpwjax.experiments.sweeps import SweepConfig
+
+    config = SweepConfig(epsilons=(0.1, 0.5, 1.0, 2.0, 8.0), seeds=3, epochs=20)
+    print("rpwjax demo: all six mechanisms on bundled California Housing, eps in {0.1, 0.5, 1, 2, 8}, "
+          "3 seeds, 20 epochs, private histogram prior (eps1 = 0.1 eps, 32 bins)")
+    return _sweep(train_test_split(load_dataset("california"), seed=0), config, args.out, args.quiet)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from rpwjax.io import MAX_CHUNK_ROWS
+    from rpwjax.privatize import DEFAULT_CHUNK_ROWS
+
+    parser = _Parser(prog="rpwjax", description="Label differential privacy for regression, in JAX.")
+    parser.add_argument("--version", action="version", version=f"rpwjax {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("fit", help="fit a mechanism to a label file and report it (with its privacy accounting)")
+    p.add_argument("--labels", required=True, help="CSV, Parquet, or text file (one number per line)")
+    p.add_argument("--label-column", default=None, help="label column (CSV/Parquet)")
+    _add_encoding_option(p)
+    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range")
+    _add_fit_options(p, many_epsilons=True, required=True)
+    _add_secret_options(p, "private histogram's noise")
+    p.add_argument("--save", default=None, help="write the fit (exactly one epsilon) to this JSON file")
+    p.add_argument("--json", action="store_true", help="print a JSON list, one object per epsilon")
+    p.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("keygen", help="write a fresh 256-bit secret (64 hex characters) for --key-file")
+    p.add_argument("-o", "--output", required=True, help="the key file to create (refuses to overwrite; mode 0600)")
+    p.set_defaults(func=cmd_keygen)
+
+    p = sub.add_parser("privatize", help="replace a file's label column by private labels")
+    p.add_argument("input", help="input .csv or .parquet")
+    p.add_argument("-o", "--output", required=True, help="output .csv or .parquet (OUTPUT.json gets the parameters)")
+    p.add_argument("--label-column", required=True)
+    _add_encoding_option(p)
+    _add_secret_options(p, "release (and the histogram when fitting inline)")
+    p.add_argument("--prior-is-public", action="store_true",
+                   help="with --prior empirical (or a params file fitted on one): the user vouches that the labels' "
+                        "empirical distribution is public; without it such a release is refused")
+    p.add_argument("--params", default=None, help="a params JSON from `rpwjax fit --save` (no refit)")
+    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range")
+    p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
+                   help=f"rows per chunk, 1 to {MAX_CHUNK_ROWS} (default {DEFAULT_CHUNK_ROWS}; output does not "
+                        "depend on it)")
+    p.add_argument("--denoise", choices=["none", "posterior"], default="none",
+                   help="posterior: write E[Y | private label] under the fit's prior (post-processing, no privacy cost)")
+    p.add_argument("--row-offset", type=int, default=0,
+                   help="global index of the first row, when INPUT is one shard of a larger data set (default 0); "
+                        "offset + rows must not pass 2^63")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_fit_options(p, many_epsilons=False, required=False)
+    p.set_defaults(func=cmd_privatize)
+
+    p = sub.add_parser("privatize-table",
+                       help="feature-aware private labels for a table (in memory): linear-prior, two-stage, ...")
+    p.add_argument("input", help="input .csv or .parquet: numeric feature columns and the label column")
+    p.add_argument("-o", "--output", required=True, help="output .csv or .parquet (OUTPUT.json gets the accounting)")
+    p.add_argument("--label-column", required=True)
+    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range (required)")
+    p.add_argument("--epsilon", type=float, required=True, help="total epsilon per label")
+    _add_encoding_option(p)
+    _add_secret_options(p, "pipeline (split, statistics, histograms and release)")
+    p.add_argument("--pipeline", choices=PIPELINES, default="linear-prior")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs of the two-stage pipelines' stage models (default 50)")
+    p.add_argument("--clip", action="store_true", help="clip labels outside --range instead of refusing them")
+    p.set_defaults(func=cmd_privatize_table)
+
+    from rpwjax.api import MECHANISMS, PRIORS
+    from rpwjax.experiments.sweeps import VARIANTS
+
+    p = sub.add_parser("curves", help="privacy-utility sweep: train MLPs on privatized labels, plot test MSE against epsilon")
+    p.add_argument("--dataset", choices=["california", "crime", "criteo-synthetic"], default=None)
+    p.add_argument("--data", default=None, help="your own .csv/.parquet (numeric feature columns + label column)")
+    p.add_argument("--label-column", default=None)
+    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range (with --data)")
+    p.add_argument("--mechanisms", nargs="+", choices=list(MECHANISMS), default=None, help="default: all six")
+    p.add_argument("--epsilon", type=float, nargs="+", default=None, help="default: the paper's ten values")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=50)
+    p.add_argument("--prior", choices=list(PRIORS), default="private", help="default private (Hist_eps)")
+    p.add_argument("--prior-epsilon", type=float, default=None, help="epsilon_1 (default 0.1*epsilon)")
+    p.add_argument("--bins", type=int, default=DEFAULT_BINS_CLI, help=f"1 to {MAX_BINS} (default {DEFAULT_BINS_CLI})")
+    p.add_argument("--clip", action="store_true", help="clip labels outside --range")
+    p.add_argument("--denoise", nargs="+", choices=list(MECHANISMS), default=None, metavar="NAME",
+                   help="also evaluate these mechanisms after posterior denoising (rows NAME+posterior)")
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None, metavar="NAME",
+                   help="also run these beyond-the-paper pipelines: " + ", ".join(VARIANTS))
+    p.add_argument("--out", required=True, help="output directory (results.csv and plots)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_curves)
+
+    from rpwjax.bench import suite as bench
+
+    p = sub.add_parser("bench", help="runtime benchmarks against baselines and the hardware floor: results.json, plots")
+    bench.add_arguments(p)
+    p.set_defaults(func=bench.run)
+
+    from rpwjax.audit import checks as audit
+
+    p = sub.add_parser("audit", help="check each mechanism's privacy guarantee exactly and by sampling")
+    audit.add_arguments(p)
+    p.set_defaults(func=audit.run)
+
+    p = sub.add_parser("demo", help="a reduced sweep on bundled California Housing: table and plot (a few minutes)")
+    p.add_argument("--out", default="rpwjax-demo", help="output directory (default rpwjax-demo)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def _show_warning(command):
+    def show(message, category, filename, lineno, file=None, line=None):
+        from rpwjax.errors import one_line
+
+        print(f"rpwjax {command}: warning: {one_line(message)}", file=sys.stderr if file is None else file)
+
+    return show
+
+
+def _install_signal_handlers():
+    """SIGINT and SIGTERM raise :class:`Interrupted` once; later ones are ignored while the run cleans up."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        for s in EXIT_SIGNAL:
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    return {s: signal.signal(s, handler) for s in EXIT_SIGNAL}
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a bad command line (one line, exit 2)
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_INPUT)
+    import pyarrow as pa
+
+    from rpwjax.errors import InputError, one_line
+
+    command = args.command
+    previous = _install_signal_handlers()
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning(command)
+            return args.func(args)
+    except Interrupted as exc:
+        name = signal.Signals(exc.signum).name
+        print(f"rpwjax {command}: interrupted by {name}; unfinished outputs were removed", file=sys.stderr)
+        return EXIT_SIGNAL[exc.signum]
+    except KeyboardInterrupt:
+        print(f"rpwjax {command}: interrupted by SIGINT; unfinished outputs were removed", file=sys.stderr)
+        return EXIT_SIGNAL[signal.SIGINT]
+    except InputError as err:
+        print(f"rpwjax {command}: error: {one_line(err)}", file=sys.stderr)
+        return EXIT_INPUT
+    except UnicodeError as err:  # a text file that does not decode is bad input
+        print(f"rpwjax {command}: error: {one_line(err)} (give the file's encoding with --encoding)", file=sys.stderr)
+        return EXIT_INPUT
+    except (OSError, pa.ArrowException) as err:
+        print(f"rpwjax {command}: error: {one_line(err)}", file=sys.stderr)
+        return EXIT_IO
+    except Exception as err:  # noqa: BLE001 - the contract is one line on stderr, never a traceback
+        if os.environ.get("RPWJAX_DEBUG"):
+            raise
+        print(f"rpwjax {command}: internal error: {type(err).__name__}: {one_line(err)} (set RPWJAX_DEBUG=1 for a "
+              "traceback)", file=sys.stderr)
+        return 1
+    finally:
+        if previous is not None:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

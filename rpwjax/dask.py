@@ -1,0 +1,58 @@
+"""Privatize a partitioned Dask DataFrame with a saved fit, identical to one process.
+
+Fit once (``rpwjax fit --save params.json``), then apply the saved parameters
+to every partition. Randomness derives from each row's GLOBAL index (see
+:mod:`rpwjax.privatize`), so the result is bit-identical to privatizing the
+concatenated data in one process, however the data are partitioned and
+wherever the partitions run.
+
+Requires the optional ``dask[dataframe]`` dependency (``pip install 'rpwjax[dask]'``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rpwjax.mechanisms.base import Mechanism
+from rpwjax.errors import InputError, check_labels
+from rpwjax.keys import Secret
+
+
+def privatize_dataframe(frame, *, label_column: str, params: Mechanism, secret: Secret, clip: bool = False):
+    """A new Dask DataFrame whose ``label_column`` holds private labels (float64); other columns untouched.
+
+    Partition lengths are computed first (one pass) to give every partition
+    its global row offset; the privatization itself is lazy like any
+    ``map_partitions``. Labels go through :func:`rpwjax.release_path.release` with
+    :func:`rpwjax.privatize.release_secret` of ``secret`` (e.g.
+    ``Secret.from_file(KEYFILE)``), as ``rpwjax privatize --key-file KEYFILE
+    --params ...`` does, so both give the same labels; the derived secret
+    travels to the workers inside the task graph, in memory only.
+    """
+    from rpwjax.privatize import release_secret
+
+    if not isinstance(secret, Secret):
+        raise InputError(f"secret must be an rpwjax.keys.Secret (Secret.from_file(KEYFILE)), got {type(secret).__name__}")
+    key = release_secret(secret)
+    if label_column not in frame.columns:
+        raise InputError(f"label column {label_column!r} not found; columns are {list(frame.columns)}")
+    lengths = frame.map_partitions(len).compute()
+    offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))[:-1]])
+
+    def one(part, partition_info=None):
+        from rpwjax.release_path import release
+
+        if partition_info is None:  # dask's metadata pass on an empty frame
+            out = part.copy()
+            out[label_column] = out[label_column].astype("float64")
+            return out
+        start = int(offsets[partition_info["number"]])
+        y = check_labels(part[label_column].to_numpy(dtype=np.float64), params.lo, params.hi, clip=clip,
+                         name="labels") if len(part) else np.zeros(0)
+        out = part.copy()
+        out[label_column] = release(params, key, y, start=start) if len(part) else y
+        return out
+
+    meta = frame._meta.copy()
+    meta[label_column] = meta[label_column].astype("float64")
+    return frame.map_partitions(one, meta=meta)

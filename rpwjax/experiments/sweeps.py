@@ -1,0 +1,312 @@
+"""Privacy-utility sweeps (SPEC section 5): privatize train labels, train many MLPs at once, score.
+
+One sweep = data set x mechanisms x ε grid x seeds. Each mechanism is fitted
+over the whole ε grid in one vmapped call; every (mechanism, ε, seed) draws
+its own noisy copy of the training labels; then ALL models train together in
+one vmapped training run (:func:`rpwjax.experiments.training.train_many`), in slices of
+at most ``max_models``. Test MSE is measured on the TRUE test labels.
+
+Reproducibility: randomness derives from (seed, mechanism, ε value), never
+from a position in a grid, so rerunning one cell of a committed sweep (one
+mechanism, one ε, the same seeds) gives the same noisy labels and the same
+models, up to float32 rounding of the batched training.
+Seeds here are public on purpose (reproducible research); for real releases
+the noise seed must be secret.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import numpy as np
+
+from rpwjax import api
+from rpwjax.experiments.datasets import Split
+from rpwjax.errors import InputError, check_epsilon
+from rpwjax.keys import Secret
+from rpwjax.release_path import release_grid
+from rpwjax.experiments.training import test_mse_many, train_many
+
+PAPER_EPSILONS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 4.0, 8.0)
+NON_PRIVATE = "non-private"
+COLUMNS = ("dataset", "mechanism", "epsilon", "seed", "test_mse", "label_mse", "fit_seconds", "sample_seconds")
+# mechanism options used by sweeps (documented in the README)
+SWEEP_OPTIONS = {"rpwithprior": {"zeta": "auto"}, "gaussian": {"delta": 1e-5, "calibration": "analytic"}}
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepConfig:
+    mechanisms: tuple[str, ...] = tuple(api.MECHANISMS)
+    epsilons: tuple[float, ...] = PAPER_EPSILONS
+    seeds: int = 3
+    epochs: int = 50
+    prior: str = "private"
+    prior_epsilon: float | None = None
+    bins: int = api.DEFAULT_BINS
+    max_models: int = 360
+    include_floor: bool = True  # also train the non-private MLP on the true labels
+    denoise: tuple[str, ...] = ()  # mechanisms also evaluated after posterior denoising ("NAME+posterior")
+    variants: tuple[str, ...] = ()  # beyond-the-paper pipelines (see VARIANTS)
+
+    def validate(self):
+        for m in self.mechanisms:
+            if m not in api.MECHANISMS:
+                raise InputError(f"mechanism must be one of {', '.join(api.MECHANISMS)}, got mechanism={m!r}")
+        check_epsilon(np.asarray(self.epsilons, np.float64))
+        for name in ("seeds", "epochs", "max_models", "bins"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or int(v) != v or v < 1:
+                raise InputError(f"{name} must be a positive integer, got {name}={v!r}")
+        for v in self.variants:
+            if v not in VARIANTS:
+                raise InputError(f"variant must be one of {', '.join(VARIANTS)}, got variant={v!r}")
+        if self.prior not in api.PRIORS:
+            raise InputError(f"prior must be one of {', '.join(api.PRIORS)}, got prior={self.prior!r}")
+        return self
+
+
+# beyond-the-paper pipelines (rpwjax.pipelines.two_stage): name -> settings
+VARIANTS = {
+    "rpwithprior+calibrated": {"prior_fraction": 0.5},
+    "linear-prior": {"stats_fraction": 0.4, "prior_fraction": 0.1},
+    "two-stage": {"stage1": "unbiased", "stage2": "rpwithprior", "fraction": 0.5},
+    "two-stage-rpwithprior": {"stage1": "rpwithprior", "stage2": "rpwithprior", "fraction": 0.5},
+    "two-stage-unbiased": {"stage1": "unbiased", "stage2": "unbiased", "fraction": 0.3},
+}
+
+
+def _variant_jobs(split: Split, config: SweepConfig, name: str, eps: np.ndarray, bar=None) -> list[tuple]:
+    """(name, ε, seed, labels, label mse, seconds per label set, 0) for every ε and seed of a variant."""
+    from rpwjax.pipelines import two_stage as twostage
+
+    y = split.y_train
+    jobs = []
+    settings = VARIANTS[name]
+    for seed in range(config.seeds):
+        start = time.perf_counter()
+        if name == "rpwithprior+calibrated":
+            labels = [twostage.calibrated_denoised(y, split.lo, split.hi, e, secret=Secret.from_seed(30_000 + seed),
+                                                   prior_fraction=settings["prior_fraction"], bins=config.bins)[0]
+                      for e in eps]
+        elif name == "linear-prior":
+            labels = [twostage.linear_prior_labels(split.x_train, y, split.lo, split.hi, e,
+                                                   secret=Secret.from_seed(30_000 + seed),
+                                                   **settings)[0]
+                      for e in eps]
+        else:
+            cfg = twostage.TwoStageConfig(bins=config.bins, **settings)
+            runs = [twostage.TwoStageRun(y, split.lo, split.hi, e, Secret.from_seed(30_000 + seed), cfg) for e in eps]
+            # every run of this seed shares the A/B split, so their stage models train together
+            runs = twostage.train_runs(runs, split.x_train, epochs=config.epochs, model_seed=40_000 + 10 * seed,
+                                       split_seed=50_000 + 10 * seed)
+            labels = [run.labels for run in runs]
+        seconds = (time.perf_counter() - start) / eps.size
+        for e, lab in zip(eps, labels):
+            jobs.append((name, float(e), seed, np.asarray(lab, np.float32), float(np.mean((lab - y) ** 2)), seconds, 0.0))
+        if bar is not None:
+            bar.update(1)
+    return jobs
+
+
+def _mechanism_index(name: str) -> int:
+    return list(api.MECHANISMS).index(name)
+
+
+def privatize_grid(fit: api.FitResult, seed: int, mechanism: str, labels) -> np.ndarray:
+    """Released copies of ``labels`` for every ε of ``fit`` through the release path: (E, n) float64.
+
+    The secret is expanded from (seed, mechanism) (experiments only: public, reproducible seeds), and
+    each ε is released with its own key derived from the ε value.
+    """
+    return release_grid(fit.params, Secret.from_seed(seed).child("sweep", _mechanism_index(mechanism)), labels)
+
+
+def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> list[dict]:
+    """All cells of the sweep as tidy rows (see :data:`COLUMNS`), non-private floor included."""
+    from tqdm.auto import tqdm
+
+    config.validate()
+    eps = np.asarray(config.epsilons, np.float64)
+    y = split.y_train
+    jobs = []  # (mechanism, epsilon, seed, noisy labels, label mse, fit s, sample s)
+    total_fits = len(config.mechanisms) * (config.seeds if config.prior == "private" else 1) + len(config.variants) * config.seeds
+    with tqdm(total=total_fits, desc=f"{split.name}: fit+privatize", disable=not progress, unit="fit") as bar:
+        for mech in config.mechanisms:
+            fit = None
+            for seed in range(config.seeds):
+                if fit is None or config.prior == "private":
+                    start = time.perf_counter()
+                    fit = api.fit(
+                        mech, y, range=(split.lo, split.hi), epsilon=eps, prior=config.prior,
+                        prior_epsilon=config.prior_epsilon, bins=config.bins,
+                        seed=10_000 + seed, **SWEEP_OPTIONS.get(mech, {}),
+                    )
+                    fit_seconds = (time.perf_counter() - start) / eps.size
+                    bar.update(1)
+                start = time.perf_counter()
+                noisy = privatize_grid(fit, seed, mech, y)
+                sample_seconds = (time.perf_counter() - start) / eps.size
+                label_mse = np.mean((noisy.astype(np.float64) - y) ** 2, axis=1)
+                for i, e in enumerate(eps):
+                    jobs.append((mech, float(e), seed, noisy[i], float(label_mse[i]), fit_seconds, sample_seconds))
+                if mech in config.denoise:
+                    from rpwjax.posterior import posterior_mean
+
+                    if fit.prior_used is None or fit.prior_used.kind == "none":
+                        # a prior-free mechanism: the denoised rows pay for their own prior (ε₁) like the others
+                        fit = api.fit(
+                            mech, y, range=(split.lo, split.hi), epsilon=eps, prior=config.prior,
+                            prior_epsilon=config.prior_epsilon, bins=config.bins, seed=10_000 + seed,
+                            spend_prior=True, **SWEEP_OPTIONS.get(mech, {}),
+                        )
+                        noisy = privatize_grid(fit, seed, mech, y)
+                    for i, e in enumerate(eps):
+                        start = time.perf_counter()
+                        clean = posterior_mean(fit.params[i], fit.prior_for(i), noisy[i]).astype(np.float32)
+                        seconds = sample_seconds + time.perf_counter() - start
+                        mse_i = float(np.mean((clean.astype(np.float64) - y) ** 2))
+                        jobs.append((f"{mech}+posterior", float(e), seed, clean, mse_i, fit_seconds, seconds))
+        for name in config.variants:
+            jobs.extend(_variant_jobs(split, config, name, eps, bar))
+    # the floor: the same network on the true labels
+    for seed in range(config.seeds if config.include_floor else 0):
+        jobs.append((NON_PRIVATE, math.inf, seed, np.asarray(y, np.float32), 0.0, 0.0, 0.0))
+
+    rows = []
+    slices = range(0, len(jobs), config.max_models)
+    with tqdm(total=len(slices) * config.epochs, desc=f"{split.name}: train {len(jobs)} models",
+              disable=not progress, unit="epoch") as bar:
+        for lo in slices:
+            part = jobs[lo : lo + config.max_models]
+            targets = np.stack([j[3] for j in part])
+            seeds = np.array([j[2] for j in part])
+            params = train_many(split.x_train, targets, seeds, epochs=config.epochs, on_epoch=lambda: bar.update(1))
+            mse = test_mse_many(params, split.x_test, split.y_test)
+            for job, m in zip(part, mse):
+                rows.append(dict(zip(COLUMNS, (split.name, job[0], job[1], job[2], float(m), job[4], job[5], job[6]))))
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Mean and std over seeds of test and label MSE, per (dataset, mechanism, ε)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["dataset"], r["mechanism"], r["epsilon"]), []).append(r)
+    out = []
+    for (dataset, mech, eps), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        t = np.array([r["test_mse"] for r in rs])
+        lm = np.array([r["label_mse"] for r in rs])
+        out.append({
+            "dataset": dataset, "mechanism": mech, "epsilon": eps, "seeds": len(rs),
+            "test_mse_mean": float(t.mean()), "test_mse_std": float(t.std(ddof=1)) if len(rs) > 1 else 0.0,
+            "label_mse_mean": float(lm.mean()),
+        })
+    return out
+
+
+def mechanism_order(names) -> list[str]:
+    """Registry order (RPWithPrior first), variants such as ``NAME+posterior`` after their mechanism."""
+    registry = list(api.MECHANISMS)
+
+    def rank(name):
+        base = name.split("+")[0]
+        return (registry.index(base) if base in registry else len(registry), name)
+
+    return sorted(dict.fromkeys(names), key=rank)
+
+
+def mechanism_label(name: str) -> str:
+    """Legend/table name; the Gaussian is only (ε, δ)-DP and says so."""
+    if name == "gaussian":
+        return f"gaussian ((ε,δ)-DP, δ={SWEEP_OPTIONS['gaussian']['delta']:g})"
+    return name
+
+
+def format_table(summary: list[dict]) -> str:
+    """A plain-text table: rows = ε, columns = mechanisms, cells = mean ± std test MSE; best per row marked *."""
+    lines = []
+    for dataset in sorted({s["dataset"] for s in summary}):
+        sub = [s for s in summary if s["dataset"] == dataset]
+        floor = [s for s in sub if s["mechanism"] == NON_PRIVATE]
+        mechs = mechanism_order(s["mechanism"] for s in sub if s["mechanism"] != NON_PRIVATE)
+        epsilons = sorted({s["epsilon"] for s in sub if s["mechanism"] != NON_PRIVATE})
+        lines.append(f"{dataset}: test MSE (mean ± std over seeds); * = best at that ε")
+        if floor:
+            lines.append(f"  non-private floor: {floor[0]['test_mse_mean']:.4g} ± {floor[0]['test_mse_std']:.2g}")
+        header = ["epsilon"] + [mechanism_label(m) for m in mechs]
+        table = [header]
+        for e in epsilons:
+            cells = {s["mechanism"]: s for s in sub if s["epsilon"] == e}
+            best = min((cells[m]["test_mse_mean"] for m in mechs if m in cells), default=None)
+            row = [f"{e:g}"]
+            for m in mechs:
+                c = cells.get(m)
+                if c is None:
+                    row.append("-")
+                    continue
+                mark = "*" if c["test_mse_mean"] == best else " "
+                row.append(f"{c['test_mse_mean']:.4g} ± {c['test_mse_std']:.2g}{mark}")
+            table.append(row)
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        for r in table:
+            lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def target_table(summary: list[dict], *, max_epsilon: float = 2.0) -> list[dict]:
+    """Per data set and ε <= ``max_epsilon``: the best of the six mechanisms as the paper runs them against the
+    best rpwjax variant (any other row: ``NAME+posterior``, the two-stage pipelines, ...), with the margin."""
+    out = []
+    for dataset in sorted({s["dataset"] for s in summary}):
+        sub = [s for s in summary if s["dataset"] == dataset and s["mechanism"] != NON_PRIVATE]
+        for e in sorted({s["epsilon"] for s in sub}):
+            if e > max_epsilon:
+                continue
+            cells = [s for s in sub if s["epsilon"] == e]
+            base = [s for s in cells if s["mechanism"] in api.MECHANISMS]
+            ours = [s for s in cells if s["mechanism"] not in api.MECHANISMS]
+            if not base or not ours:
+                continue
+            b = min(base, key=lambda s: s["test_mse_mean"])
+            v = min(ours, key=lambda s: s["test_mse_mean"])
+            out.append({
+                "dataset": dataset, "epsilon": e,
+                "baseline": b["mechanism"], "baseline_mse": b["test_mse_mean"], "baseline_std": b["test_mse_std"],
+                "variant": v["mechanism"], "variant_mse": v["test_mse_mean"], "variant_std": v["test_mse_std"],
+                "margin": (b["test_mse_mean"] - v["test_mse_mean"]) / b["test_mse_mean"],
+                "met": v["test_mse_mean"] < b["test_mse_mean"],
+            })
+    return out
+
+
+def format_target_table(table: list[dict]) -> str:
+    """Markdown: one row per (data set, ε), margin = relative improvement of the best variant."""
+    lines = ["| data set | ε | best of the six (paper setting) | best rpwjax variant | margin | met |",
+             "|---|---|---|---|---|---|"]
+    for t in table:
+        lines.append(
+            f"| {t['dataset']} | {t['epsilon']:g} | {mechanism_label(t['baseline'])} {t['baseline_mse']:.4g} ± "
+            f"{t['baseline_std']:.2g} | {t['variant']} {t['variant_mse']:.4g} ± {t['variant_std']:.2g} | "
+            f"{100 * t['margin']:+.1f}% | {'yes' if t['met'] else '**no**'} |")
+    return "\n".join(lines)
+
+
+def write_rows(rows: list[dict], path) -> None:
+    """Tidy results as CSV (atomic)."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from rpwjax.io import atomic_path
+
+    table = pa.table({c: [r[c] for r in rows] for c in COLUMNS})
+    with atomic_path(path) as tmp:
+        pacsv.write_csv(table, tmp)
+
+
+def read_rows(path) -> list[dict]:
+    import pyarrow.csv as pacsv
+
+    return pacsv.read_csv(path).to_pylist()

@@ -1,0 +1,760 @@
+"""Files in and out: label files, CSV/Parquet tables in chunks, atomic writes.
+
+Reading (:class:`TableSource`):
+
+* **CSV** is read with every column as raw text (no type inference, no null
+  values), so a column other than the label can never fail a run, wherever an
+  odd value sits, and it is written back byte for byte (:class:`CsvOut`). Only
+  the label column is parsed, as float64. The file must decode in its
+  encoding (UTF-8 unless ``encoding`` says otherwise); the output is written
+  in the same encoding, with the input's line terminator.
+* **Parquet** columns other than the label keep their schema and values.
+* Every error about a row names the 1-based **data row** (the header is not a
+  data row) and, for CSV and text files, the 1-based **physical line** where
+  that row starts (blank lines and line breaks inside quoted fields counted),
+  for any position in the file and any chunk size. The line is found on the
+  error path by a second, quote-aware pass over the file (Python's ``csv``
+  module with the same dialect), so finding it costs one read of the file up
+  to that row.
+
+Writing: outputs go to temporary files beside their targets and are renamed
+into place only after the whole run succeeded (:func:`atomic_outputs`); a
+failure, ``SIGINT`` or ``SIGTERM`` removes the temporary files and any
+directory the run created, and leaves an existing output untouched.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import csv
+import gzip
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from rpwjax.errors import InputError, one_line, show_value
+
+TABLE_SUFFIXES = (".csv", ".parquet")
+LABEL_SUFFIXES = TABLE_SUFFIXES + (".txt",)
+
+CSV_BLOCK_BYTES = 1 << 22  # bytes per CSV read block: peak memory does not grow with the file
+MAX_CHUNK_ROWS = 1 << 22  # --chunk-rows lies in [1, MAX_CHUNK_ROWS]
+MAX_GLOBAL_ROWS = 1 << 63  # every global row index (row offset + row) lies in [0, 2^63): it never wraps
+_TXT_DELIMITER = "\x1f"  # a text label file has one field per line: split on a character a number never holds
+_UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def file_kind(path, allowed=TABLE_SUFFIXES, what="file") -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix not in allowed:
+        raise InputError(f"{what} must end in {', '.join(allowed)}, got {str(path)!r}")
+    return suffix
+
+
+def _check_exists(path, what="input file"):
+    if not Path(path).is_file():
+        raise InputError(f"{what} not found: {str(path)!r}")
+
+
+def normalize_encoding(encoding) -> str:
+    """The Python codec name of ``encoding`` (default UTF-8); an unknown name is bad input."""
+    if encoding is None:
+        return "utf-8"
+    try:
+        return codecs.lookup(str(encoding)).name
+    except LookupError:
+        raise InputError(f"unknown encoding {str(encoding)!r}: give a Python codec name such as utf-8, latin-1 "
+                         "or cp1252") from None
+
+
+def _first_bad(arr, op) -> int:
+    """Index of the first element of ``arr`` on which ``op`` raises (``op`` raised on all of ``arr``)."""
+    lo, hi = 0, len(arr)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            op(arr.slice(lo, mid - lo))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def _to_text(arr) -> pa.Array:
+    return pc.cast(arr, pa.string())
+
+
+class TableSource:
+    """An input table (CSV, Parquet, or a text label file) opened for streaming.
+
+    ``names`` are the column names (a text file: ``["label"]``),
+    ``label_index`` the position of ``label_column`` (refused if missing or
+    repeated). :meth:`batches` yields ``(first_row, batch)`` with ``first_row``
+    the 1-based data row of the batch's first row; :meth:`labels` parses a
+    batch's labels; :meth:`where` names a data row the way a user finds it.
+    """
+
+    def __init__(self, path, label_column=None, *, encoding=None, what="input file", allowed=TABLE_SUFFIXES,
+                 delimiter=None, kind=None):
+        self.path = str(path)
+        self.kind = kind or file_kind(path, allowed, what)
+        _check_exists(path, what)
+        self.what = what
+        self._lines: dict[int, int | None] = {}
+        if self.kind == ".parquet":
+            if encoding is not None:
+                raise InputError(f"--encoding applies to CSV and text files, not to the Parquet file {self.path!r}")
+            self._open_parquet()
+        else:
+            self.encoding = normalize_encoding(encoding)
+            self.encoding_name = str(encoding) if encoding is not None else "utf-8"
+            self.text = self.kind == ".txt"
+            self.delimiter = _TXT_DELIMITER if self.text else (delimiter or ",")
+            self._header_rows = 0 if self.text else 1
+            self._open_csv()
+        if label_column is None and self.text:
+            label_column = "label"
+        self.label_column = label_column
+        self.label_index = None
+        if label_column is None:
+            return
+        hits = [i for i, name in enumerate(self.names) if name == label_column]
+        if not hits:
+            raise InputError(f"label column {label_column!r} not found in {self.path!r}; columns are {self.names}")
+        if len(hits) > 1:
+            raise InputError(f"label column {label_column!r} appears {len(hits)} times in the header of "
+                             f"{self.path!r} (columns {', '.join(str(i + 1) for i in hits)}): rename all but one")
+        self.label_index = hits[0]
+
+    # ------------------------------------------------------------------ opening
+    def _open_parquet(self):
+        try:
+            with pq.ParquetFile(self.path) as pf:
+                self.schema = pf.schema_arrow
+                self.num_rows = pf.metadata.num_rows
+        except (pa.ArrowException, ValueError) as err:
+            raise InputError(f"could not read {self.path!r} as Parquet: {one_line(err)}") from None
+        self.names = list(self.schema.names)
+        self.text = False
+
+    def _raw_head(self, size=1 << 16) -> bytes:
+        opener = gzip.open if self.path.lower().endswith(".gz") else open
+        with opener(self.path, "rb") as f:
+            return f.read(size)
+
+    def _open_csv(self):
+        head = self._raw_head()
+        self.bom = self.encoding == "utf-8" and head.startswith(_UTF8_BOM)
+        text = codecs.getincrementaldecoder(self.encoding)(errors="replace").decode(head)
+        self.newline = "\n"
+        for i, ch in enumerate(text):
+            if ch in "\r\n":
+                self.newline = "\r\n" if text[i:i + 2] == "\r\n" else ch
+                break
+        self.ncols = None
+        self.names = None
+        with self._reader({}) as reader:  # the column count, from pyarrow's own parse of the first row
+            self.ncols = len(reader.schema.names)
+        with self._reader(self._text_types()) as reader:
+            first = self._next(reader, 0)
+        if first is None or first.num_rows == 0:
+            raise InputError(f"{self.what} {self.path!r} is empty")
+        if self.text:
+            if self.ncols != 1:
+                self._failure(None, 0)
+            self.names = ["label"]
+            return
+        names = []
+        for i in range(self.ncols):
+            raw = first.column(i)[0].as_py()
+            try:
+                names.append(raw.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                raise InputError(self._decode_message(raw[err.start], f"header field {i + 1}", self._where_pa(0))) \
+                    from None
+        self.names = names
+
+    def _text_types(self):
+        return {f"f{i}": pa.binary() for i in range(self.ncols)}
+
+    def _reader(self, column_types, include_columns=None):
+        read = pacsv.ReadOptions(
+            autogenerate_column_names=True,  # the header is row 0, read as text like every other row
+            # no threaded read-ahead: it queues blocks without bound and peak memory would grow with the file
+            use_threads=False,
+            block_size=CSV_BLOCK_BYTES,
+            encoding="utf8" if self.encoding == "utf-8" else self.encoding,
+        )
+        parse = pacsv.ParseOptions(delimiter=self.delimiter, quote_char=False if self.text else '"',
+                                   newlines_in_values=not self.text)
+        convert = pacsv.ConvertOptions(column_types=column_types, strings_can_be_null=False,
+                                       quoted_strings_can_be_null=False, include_columns=include_columns or [])
+        try:
+            return pacsv.open_csv(self.path, read_options=read, parse_options=parse, convert_options=convert)
+        except (pa.ArrowInvalid, UnicodeError) as err:
+            self._failure(err, 0)
+
+    def _next(self, reader, pa_row):
+        try:
+            return reader.read_next_batch()
+        except StopIteration:
+            return None
+        except (pa.ArrowInvalid, UnicodeError) as err:
+            self._failure(err, pa_row)
+
+    # ------------------------------------------------------------------ streaming
+    def batches(self, chunk_rows: int, *, label_only: bool = False):
+        """``(first_row, batch)`` of at most ``chunk_rows`` rows, in file order.
+
+        CSV batches hold every column as raw bytes (``f0``, ``f1``, ...), the
+        header removed; with ``label_only`` only the label column.
+        """
+        if self.kind == ".parquet":
+            yield from self._parquet_batches(chunk_rows, label_only)
+            return
+        include = [f"f{self.label_index}"] if label_only else None
+        types = {f"f{self.label_index}": pa.binary()} if label_only else self._text_types()
+        with self._reader(types, include) as reader:
+            pa_row = 0  # rows pyarrow has parsed, header included
+            while True:
+                batch = self._next(reader, pa_row)
+                if batch is None:
+                    return
+                n = batch.num_rows
+                skip = max(0, self._header_rows - pa_row)
+                first = pa_row + skip - self._header_rows + 1
+                pa_row += n
+                if skip:
+                    batch = batch.slice(skip)
+                # blocks are yielded as read (split when larger than chunk_rows): the output does not
+                # depend on where chunks start, so nothing is re-joined
+                for offset in range(0, batch.num_rows, chunk_rows):
+                    yield first + offset, batch.slice(offset, chunk_rows)
+
+    def _parquet_batches(self, chunk_rows, label_only):
+        first = 1
+        # pre-buffering reads whole column chunks ahead and keeps them: streaming reads with a
+        # bounded buffer keep peak memory flat for files of any size
+        with pq.ParquetFile(self.path, pre_buffer=False, buffer_size=1 << 22) as pf:
+            it = pf.iter_batches(batch_size=chunk_rows, columns=[self.label_column] if label_only else None)
+            while True:
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    return
+                except (pa.ArrowException, ValueError) as err:
+                    raise InputError(f"could not read {self.path!r} as Parquet at or after data row {first}: "
+                                     f"{one_line(err)}") from None
+                yield first, batch
+                first += batch.num_rows
+
+    def labels(self, batch, first_row: int) -> np.ndarray:
+        """The batch's labels as float64 (not yet checked for finiteness or range)."""
+        if self.kind == ".parquet":
+            column = batch.column(batch.schema.get_field_index(self.label_column))
+            if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
+                    or pa.types.is_null(column.type)):
+                raise InputError(f"label column {self.label_column!r} of {self.path!r} must be numeric, "
+                                 f"got type {column.type}")
+            if column.null_count:
+                i = int(np.flatnonzero(np.asarray(column.is_null()))[0])
+                raise InputError(f"missing label in column {self.label_column!r} at {self.where(first_row + i)}")
+            return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)
+        raw = batch.column(batch.schema.get_field_index(f"f{self.label_index}"))
+        try:
+            text = _to_text(raw)
+        except pa.ArrowInvalid:
+            i = _first_bad(raw, _to_text)
+            self._raise_decode(raw[i].as_py(), self.label_column, first_row + i)
+        text = pc.utf8_trim_whitespace(text)  # as pyarrow's own number parsing does
+        empty = pc.equal(pc.utf8_length(text), 0)
+        if pc.any(empty).as_py():
+            i = int(np.flatnonzero(empty.to_numpy(zero_copy_only=False))[0])
+            raise InputError(f"missing label in column {self.label_column!r} (an empty field) at "
+                             f"{self.where(first_row + i)}")
+        cast = lambda a: pc.cast(a, pa.float64())  # noqa: E731
+        try:
+            y = cast(text)
+        except pa.ArrowInvalid:
+            i = _first_bad(text, cast)
+            raise InputError(f"label {show_value(text[i].as_py())} in column {self.label_column!r} is not a number, "
+                             f"at {self.where(first_row + i)}") from None
+        return np.asarray(y.to_numpy(zero_copy_only=False), dtype=np.float64)
+
+    def columns(self, batch, first_row: int, out_kind: str) -> list:
+        """The batch's columns for a writer of ``out_kind`` (the label's slot is ``None``).
+
+        CSV: every other column as validated text, byte for byte as read.
+        Parquet into Parquet: the columns as stored; into CSV: rendered as text.
+        """
+        out = []
+        for i in range(batch.num_columns):
+            if i == self.label_index:
+                out.append(None)
+                continue
+            col = batch.column(i)
+            if self.kind != ".parquet":
+                try:
+                    col = _to_text(col)
+                except pa.ArrowInvalid:
+                    j = _first_bad(col, _to_text)
+                    self._raise_decode(col[j].as_py(), self.names[i], first_row + j)
+            elif out_kind == ".csv":
+                col = _render_text(col, self.names[i])
+            out.append(col)
+        return out
+
+    # ------------------------------------------------------------------ naming rows
+    def where(self, row: int) -> str:
+        """``data row R (line L) of 'FILE'``: 1-based data row and, for CSV/text, the physical line it starts on."""
+        if self.kind == ".parquet":
+            return f"data row {row} of {self.path!r}"
+        return f"data row {row} ({self._line_text(row - 1 + self._header_rows)}) of {self.path!r}"
+
+    def _where_pa(self, pa_row: int) -> str:
+        line = self._line_text(pa_row)
+        if pa_row < self._header_rows:
+            return f"the header ({line}) of {self.path!r}"
+        return f"data row {pa_row - self._header_rows + 1} ({line}) of {self.path!r}"
+
+    def _line_text(self, pa_row: int) -> str:
+        if pa_row not in self._lines:
+            self._lines[pa_row] = next((line for index, line, _ in self._scan() if index == pa_row), None)
+        line = self._lines[pa_row]
+        return "line unknown" if line is None else f"line {line}"
+
+    def _scan(self):
+        """``(row, first line, fields)`` for every row pyarrow parses (blank lines skipped, as it does).
+
+        Undecodable bytes come back as lone surrogates (``surrogateescape``).
+        """
+        opener = gzip.open if self.path.lower().endswith(".gz") else open
+        limit = csv.field_size_limit()
+        csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+        try:
+            with opener(self.path, "rt", encoding=self.encoding, errors="surrogateescape", newline="") as f:
+                if self.text:
+                    reader = csv.reader(f, delimiter=self.delimiter, quoting=csv.QUOTE_NONE)
+                else:
+                    reader = csv.reader(f, delimiter=self.delimiter, quotechar='"', doublequote=True, strict=False)
+                previous, index = 0, 0
+                while True:
+                    try:
+                        fields = next(reader)
+                    except StopIteration:
+                        return
+                    except csv.Error as err:
+                        raise InputError(f"{self.path!r} is not valid CSV at line {reader.line_num}: {err}") from None
+                    start, previous = previous + 1, reader.line_num
+                    if not fields:
+                        continue
+                    if index == 0 and self.bom and fields[0].startswith("\ufeff"):
+                        fields[0] = fields[0][1:]
+                    yield index, start, fields
+                    index += 1
+        finally:
+            csv.field_size_limit(limit)
+
+    # ------------------------------------------------------------------ failures
+    def _decode_message(self, byte: int, column: str, where: str) -> str:
+        hint = (" (if the file is in another encoding, give it with --encoding, e.g. --encoding latin-1)"
+                if self.encoding == "utf-8" else "")
+        return f"{self.path!r} is not valid {self.encoding_name}: byte 0x{byte:02x} in {column} at {where}{hint}"
+
+    def _raise_decode(self, raw: bytes, column: str, row: int):
+        try:
+            raw.decode("utf-8")
+            byte = raw[0] if raw else 0
+        except UnicodeDecodeError as err:
+            byte = raw[err.start]
+        raise InputError(self._decode_message(byte, f"column {column!r}", self.where(row)))
+
+    def _failure(self, err, pa_row: int):
+        """pyarrow could not parse the file at or after ``pa_row``: name the first bad row and line."""
+        expected = self.ncols
+        names = self.names
+        for index, line, fields in self._scan():
+            for j, field in enumerate(fields):
+                bad = next((ch for ch in field if "\udc80" <= ch <= "\udcff"), None)
+                if bad is not None:
+                    if index < self._header_rows:
+                        name = f"header field {j + 1}"
+                    else:
+                        name = f"column {names[j]!r}" if names and j < len(names) else f"field {j + 1}"
+                    self._lines[index] = line
+                    raise InputError(self._decode_message(ord(bad) - 0xDC00, name, self._where_pa(index)))
+            if names is None and index < self._header_rows:
+                names = fields
+            if expected is None:
+                expected = len(fields)
+            elif len(fields) != expected:
+                self._lines[index] = line
+                if self.text:
+                    raise InputError(f"{self._where_pa(index)} holds {show_value(_TXT_DELIMITER.join(fields))}: "
+                                     "a text label file holds one number per line")
+                hint = ("; a quoted field in it runs across line breaks: is a closing quote missing?"
+                        if any("\n" in f or "\r" in f for f in fields) else "")
+                raise InputError(f"{self._where_pa(index)} has {len(fields)} fields, the header has {expected}{hint}")
+        if err is None:
+            raise InputError(f"could not read {self.path!r}")
+        message = one_line(err)
+        row = max(1, pa_row - self._header_rows + 1)  # the first data row of the block that failed
+        if "Empty CSV file" in message:
+            raise InputError(f"{self.what} {self.path!r} is empty")
+        if "straddling" in message:
+            raise InputError(f"a row of {self.path!r} at or after data row {row} is longer than the "
+                             f"{CSV_BLOCK_BYTES >> 20} MiB read block")
+        raise InputError(f"could not parse {self.path!r} at or after data row {row}: {message}")
+
+
+def _render_text(col, name):
+    """A non-text column as CSV text (Parquet into CSV); nulls become empty fields."""
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        return col.fill_null("")
+    try:
+        return pc.cast(col, pa.string()).fill_null("")
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        raise InputError(f"column {name!r} of type {col.type} cannot be written to CSV: write Parquet instead") \
+            from None
+
+
+# --------------------------------------------------------------------------- labels
+
+
+def read_labels(path, label_column: str | None = None, *, encoding=None, check=None) -> np.ndarray:
+    """All labels of a label file: CSV/Parquet (``label_column``) or text (one number per line).
+
+    ``check=(lo, hi, clip)`` also checks every label is finite and (unless
+    ``clip``) inside ``[lo, hi]``; every error names the data row and line.
+    """
+    from rpwjax.errors import check_label_rows
+
+    kind = file_kind(path, LABEL_SUFFIXES, "labels file")
+    if kind == ".txt" and label_column is not None:
+        raise InputError(f"--label-column applies to CSV and Parquet label files, not to the text file {str(path)!r}")
+    if kind != ".txt" and not label_column:
+        raise InputError("--label-column is required for CSV and Parquet label files")
+    source = TableSource(path, label_column, encoding=encoding, what="labels file", allowed=LABEL_SUFFIXES)
+    parts = []
+    for first, batch in source.batches(MAX_CHUNK_ROWS, label_only=True):
+        y = source.labels(batch, first)
+        if check is not None:
+            lo, hi, clip = check
+            check_label_rows(y, lo, hi, clip=clip, first_row=first, where=source.where, column=source.label_column)
+        parts.append(y)
+    if not parts or sum(p.size for p in parts) == 0:
+        raise InputError(f"labels file {str(path)!r} has no rows: need at least one label")
+    return np.concatenate(parts)
+
+
+def table_columns(path, *, encoding=None) -> list[str]:
+    """The column names of a CSV or Parquet table."""
+    return TableSource(path, encoding=encoding).names
+
+
+def count_rows(path) -> int | None:
+    """Row count where it is cheap (Parquet metadata); None for CSV."""
+    if file_kind(path) == ".parquet":
+        return pq.ParquetFile(path).metadata.num_rows
+    return None
+
+
+# --------------------------------------------------------------------------- whole CSV tables (in memory)
+
+
+def _infer(text: pa.Array) -> pa.Array:
+    """One CSV column's type from ALL its values (pyarrow's null, int64, bool, float64, string order)."""
+    defaults = pacsv.ConvertOptions()
+    nulls = pc.is_in(text, value_set=pa.array(defaults.null_values))
+    trimmed = pc.utf8_trim_whitespace(text)
+    if pc.all(nulls).as_py():
+        return pa.nulls(len(text))
+    masked = pc.if_else(nulls, pa.scalar(None, pa.string()), trimmed)
+    for typ in (pa.int64(), None, pa.float64()):
+        if typ is None:  # boolean: pyarrow's true/false spellings only ("1"/"0" are integers)
+            true_values, false_values = pa.array(defaults.true_values), pa.array(defaults.false_values)
+            is_true, is_false = pc.is_in(masked, value_set=true_values), pc.is_in(masked, value_set=false_values)
+            if pc.all(pc.or_(pc.or_(is_true, is_false), nulls)).as_py():
+                return pc.if_else(nulls, pa.scalar(None, pa.bool_()), is_true)
+            continue
+        try:
+            return pc.cast(masked, typ)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+    return text
+
+
+def read_csv_table(path, *, encoding=None, delimiter=None, what="input file") -> pa.Table:
+    """A whole CSV (or TSV, optionally gzipped) table, each column's type inferred from all of its values.
+
+    Unlike block-wise inference, a value far down a column can only change
+    that column's type, never fail the read.
+    """
+    source = TableSource(path, encoding=encoding, what=what, delimiter=delimiter, kind=".csv")
+    parts = [[] for _ in source.names]
+    for first, batch in source.batches(MAX_CHUNK_ROWS):
+        for i, col in enumerate(source.columns(batch, first, ".csv")):
+            parts[i].append(col)
+    columns = [_infer(pa.chunked_array(p, pa.string()).combine_chunks()) if p else pa.array([], pa.string())
+               for p in parts]
+    return pa.Table.from_arrays(columns, names=source.names)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _quote_pattern(delimiter: str) -> str:
+    special = "".join("\\" + ch if ch in "]\\^-" else ch for ch in delimiter)
+    return "[" + special + '"\r\n]'
+
+
+def _quoted(arr, pattern):
+    """``arr`` with the fields that need it quoted (delimiter, quote or line break inside), quotes doubled."""
+    needs = pc.match_substring_regex(arr, pattern)
+    if not pc.any(needs).as_py():
+        return arr
+    quoted = pc.binary_join_element_wise('"', pc.replace_substring(arr, '"', '""'), '"', "")
+    return pc.if_else(needs, quoted, arr)
+
+
+def _string_bytes(arr):
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], np.int32)[arr.offset: arr.offset + len(arr) + 1]
+    if bufs[2] is None or offsets[-1] == offsets[0]:
+        return b""
+    return memoryview(bufs[2])[offsets[0]: offsets[-1]]
+
+
+class CsvOut:
+    """CSV writer whose non-label fields come out byte for byte as they went in.
+
+    A field is quoted only when the dialect requires it (it holds the
+    delimiter, a quote or a line break), with quotes doubled; the label is
+    written as the shortest float64 text that reads back to the same number.
+    """
+
+    def __init__(self, path, names, label_index, *, delimiter=",", newline="\n", encoding="utf-8", bom=False):
+        self._file = open(path, "wb")
+        self._pattern = _quote_pattern(delimiter)
+        self.delimiter, self.newline, self.label_index = delimiter, newline, label_index
+        self._encoder = None if encoding == "utf-8" else codecs.getincrementalencoder(encoding)()
+        if bom:
+            self._file.write(_UTF8_BOM)
+        header = pa.array(list(names), pa.string())
+        self._emit(self.delimiter.join(_quoted(header, self._pattern).to_pylist()) + newline)
+
+    def _emit(self, data):
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        if self._encoder is not None:
+            data = self._encoder.encode(bytes(data).decode("utf-8"))
+        self._file.write(data)
+
+    def write(self, columns, labels):
+        fields = [pc.cast(pa.array(labels, pa.float64()), pa.string()) if col is None else _quoted(col, self._pattern)
+                  for col in columns]
+        lines = pc.binary_join_element_wise(*fields, self.delimiter) if len(fields) > 1 else fields[0]
+        lines = pc.binary_join_element_wise(lines, "", self.newline)
+        self._emit(_string_bytes(lines))
+
+    def close(self):
+        if self._encoder is not None:
+            self._file.write(self._encoder.encode("", final=True))
+        self._file.close()
+
+
+class ParquetOut:
+    def __init__(self, path, schema: pa.Schema, label_index: int):
+        self.schema, self.label_index = schema, label_index
+        self._writer = pq.ParquetWriter(path, schema)
+
+    def write(self, columns, labels):
+        arrays = list(columns)
+        arrays[self.label_index] = pa.array(labels, pa.float64())
+        self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
+
+    def close(self):
+        self._writer.close()
+
+
+def open_writer(source: TableSource, path, out_kind: str):
+    """A writer for ``source``'s columns with its label column replaced by float64 labels."""
+    label = source.label_index
+    if out_kind == ".csv":
+        if source.kind == ".parquet":
+            return CsvOut(path, source.names, label)
+        return CsvOut(path, source.names, label, delimiter=source.delimiter, newline=source.newline,
+                      encoding=source.encoding, bom=source.bom)
+    if source.kind == ".parquet":
+        field = source.schema.field(label)
+        schema = source.schema.set(label, pa.field(field.name, pa.float64()))
+    else:
+        if len(set(source.names)) != len(source.names):
+            dup = next(n for n in source.names if source.names.count(n) > 1)
+            raise InputError(f"column name {dup!r} appears more than once in {source.path!r}: Parquet output needs "
+                             "distinct names (write CSV instead)")
+        schema = pa.schema([pa.field(n, pa.float64() if i == label else pa.string())
+                            for i, n in enumerate(source.names)])
+    return ParquetOut(path, schema, label)
+
+
+def copy_with_labels(source: TableSource, path, out_kind: str, new_labels, *, chunk_rows: int, bar=None) -> int:
+    """Stream ``source`` to ``path`` with the label column replaced by ``new_labels(first_row, labels)``.
+
+    Returns the number of data rows written.
+    """
+    writer = None
+    rows = 0
+    try:
+        for first, batch in source.batches(chunk_rows):
+            y = source.labels(batch, first)
+            out = np.asarray(new_labels(first, y), dtype=np.float64)
+            columns = source.columns(batch, first, out_kind)
+            if writer is None:
+                writer = open_writer(source, path, out_kind)
+            writer.write(columns, out)
+            rows += batch.num_rows
+            if bar is not None:
+                bar.update(batch.num_rows)
+            del batch, columns, out, y
+            pa.default_memory_pool().release_unused()  # keep peak memory flat on long files
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows
+
+
+# --------------------------------------------------------------------------- atomic outputs
+
+
+def _temp_beside(target: Path) -> Path:
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    except OSError as err:
+        raise OSError(f"cannot write {str(target)!r}: {err.strerror or err}") from None
+    os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual permissions
+    return Path(tmp)
+
+
+def _make_parents(directory: Path) -> list[Path]:
+    """Create ``directory`` and its missing parents; return the ones created, outermost first."""
+    missing = []
+    d = directory
+    while not d.exists() and d != d.parent:
+        missing.append(d)
+        d = d.parent
+    created = []
+    try:
+        for d in reversed(missing):
+            d.mkdir()
+            created.append(d)
+    except OSError as err:
+        _remove_dirs(created)
+        raise OSError(f"cannot create the output directory {str(d)!r}: {err.strerror or err}") from None
+    return created
+
+
+def _remove_dirs(created):
+    for d in reversed(created):
+        with contextlib.suppress(OSError):
+            d.rmdir()
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """Hold SIGINT and SIGTERM while outputs are renamed into place (they arrive right after)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _commit(temps, targets):
+    with _signals_held():
+        backups, done = [], []
+        try:
+            for tmp, target in zip(temps, targets):
+                if target.exists():
+                    backup = _temp_beside(target)
+                    os.replace(target, backup)
+                    backups.append((backup, target))
+                os.replace(tmp, target)
+                done.append(target)
+        except BaseException:
+            for target in done:
+                with contextlib.suppress(OSError):
+                    os.unlink(target)
+            for backup, target in backups:
+                with contextlib.suppress(OSError):
+                    os.replace(backup, target)
+            raise
+        for backup, _ in backups:
+            with contextlib.suppress(OSError):
+                os.unlink(backup)
+
+
+@contextlib.contextmanager
+def atomic_outputs(*targets):
+    """Temporary paths beside ``targets``, renamed onto them together only on success.
+
+    On any failure (an exception, ``KeyboardInterrupt``, the CLI's ``SIGTERM``)
+    the temporary files and the directories created for them are removed and
+    existing targets are left as they were.
+    """
+    targets = [Path(t) for t in targets]
+    for t in targets:
+        if t.is_dir():
+            raise InputError(f"output {str(t)!r} is a directory: give a file name")
+    created = []
+    temps = []
+    try:
+        for t in targets:
+            created += _make_parents(t.parent)
+            temps.append(_temp_beside(t))
+        yield tuple(temps)
+        _commit(temps, targets)
+    except BaseException:
+        for tmp in temps:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        _remove_dirs(created)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_path(target):
+    """Yield a temporary path beside ``target``; rename it onto ``target`` only on success."""
+    with atomic_outputs(target) as (tmp,):
+        yield tmp
+
+
+def write_json(path, obj):
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def read_json(path):
+    _check_exists(path, "params file")
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(f"params file {str(path)!r} is not valid JSON: {err}") from None

@@ -1,0 +1,189 @@
+"""Secrets and the keys derived from them.
+
+A :class:`Secret` is 256 bits: fresh OS entropy (:meth:`Secret.from_entropy`,
+the default everywhere), or a key file written by ``rpwjax keygen`` (64 hex
+characters, :meth:`Secret.from_file`). Every random key the package uses is
+derived from it with SHA-256, separately for each *purpose* (``"labels"``,
+``"histogram"``, ...) and each block index, so
+
+* no key space is smaller than a JAX key (64 bits of threefry key per block,
+  from 256 bits of secret), and no two purposes or blocks share a key;
+* the same secret and the same row offsets give bit-identical outputs, which
+  is what lets shards privatized on different machines concatenate to the
+  single-run output.
+
+Integer seeds survive only for experiments (:meth:`Secret.from_seed`): such a
+secret says so (``reproducible``), and every record made with it is marked
+``"reproducible_seed": true`` and "not for production". Key material is never
+written to a sidecar, a params file, a log line or an error message
+(``repr`` and ``str`` hide it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets as _secrets
+import struct
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from rpwjax.errors import InputError
+
+SECRET_BYTES = 32
+KEY_FILE_HEX = 2 * SECRET_BYTES
+_DOMAIN = b"rpwjax/v1/"
+
+
+class Secret:
+    """256 bits of secret key material (hidden from ``repr``) and the keys derived from it."""
+
+    __slots__ = ("_material", "reproducible")
+
+    def __init__(self, material: bytes, *, reproducible: bool = False):
+        if not isinstance(material, (bytes, bytearray)) or len(material) != SECRET_BYTES:
+            raise InputError(f"a secret must be {SECRET_BYTES} bytes")
+        self._material = bytes(material)
+        self.reproducible = bool(reproducible)
+
+    # -- where secrets come from ---------------------------------------------------
+    @classmethod
+    def from_entropy(cls) -> "Secret":
+        """256 bits from the operating system's CSPRNG (``secrets.token_bytes``)."""
+        return cls(_secrets.token_bytes(SECRET_BYTES))
+
+    @classmethod
+    def from_hex(cls, text: str, *, source: str = "key") -> "Secret":
+        """64 hex characters (surrounding whitespace ignored); the message never echoes the text."""
+        t = text.strip()
+        if len(t) != KEY_FILE_HEX or any(c not in "0123456789abcdefABCDEF" for c in t):
+            raise InputError(
+                f"{source} must hold exactly {KEY_FILE_HEX} hex characters (256 bits, as `rpwjax keygen` writes), "
+                f"got {len(t)} characters{'' if all(c in '0123456789abcdefABCDEF' for c in t) else ' with non-hex ones'}"
+            )
+        return cls(bytes.fromhex(t))
+
+    @classmethod
+    def from_file(cls, path) -> "Secret":
+        """The secret of a key file written by ``rpwjax keygen``."""
+        p = Path(path)
+        if _looks_like_key(str(path)) and not p.is_file():
+            # e.g. `--key-file "$(cat KEYFILE)"`: the argument is the secret itself, never echo it
+            raise InputError(f"the key file argument looks like key material ({KEY_FILE_HEX} hex characters), "
+                             "not a path: give the path of the file `rpwjax keygen -o KEYFILE` wrote")
+        try:
+            text = p.read_text(encoding="ascii")
+        except FileNotFoundError:
+            raise InputError(f"key file {str(p)!r} does not exist (make one with `rpwjax keygen -o {p}`)") from None
+        except UnicodeDecodeError:
+            raise InputError(f"key file {str(p)!r} is not ASCII hex text") from None
+        except IsADirectoryError:
+            raise InputError(f"key file {str(p)!r} is a directory") from None
+        except OSError as err:  # e.g. permission denied: name the file and the reason, nothing else
+            raise InputError(f"key file {str(p)!r} cannot be read ({err.strerror or type(err).__name__})") from None
+        return cls.from_hex(text, source=f"key file {str(p)!r}")
+
+    @classmethod
+    def from_seed(cls, seed: int) -> "Secret":
+        """EXPERIMENTS ONLY: a secret expanded from an integer seed (anyone can try every small seed)."""
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise InputError(f"seed must be a non-negative integer, got seed={seed!r}")
+        seed = int(seed)
+        raw = seed.to_bytes(max(1, (seed.bit_length() + 7) // 8), "big")
+        return cls(hashlib.sha256(_DOMAIN + b"seed/" + raw).digest(), reproducible=True)
+
+    def __repr__(self) -> str:
+        return f"Secret(<hidden>{', reproducible seed' if self.reproducible else ''})"
+
+    __str__ = __repr__
+
+    def __reduce__(self):  # pickling (e.g. to Dask workers) keeps the material in memory only
+        return (_restore, (self._material, self.reproducible))
+
+    def hex(self) -> str:
+        """The key file text. Only :func:`write_key_file` should call this."""
+        return self._material.hex()
+
+    # -- derivation ----------------------------------------------------------------
+    def _digest(self, purpose: str, index: tuple[int, ...]) -> bytes:
+        if not isinstance(purpose, str) or not purpose:
+            raise InputError(f"purpose must be a non-empty string, got purpose={purpose!r}")
+        tag = purpose.encode()
+        h = hashlib.sha256(_DOMAIN + self._material)
+        h.update(struct.pack(">I", len(tag)) + tag)
+        for i in index:
+            i = int(i)
+            if i < 0 or i >= 1 << 64:
+                raise InputError(f"key index must be in [0, 2^64), got {i}")
+            h.update(struct.pack(">Q", i))
+        return h.digest()
+
+    def digest(self, purpose: str, *index: int) -> bytes:
+        """256 derived bits for ``purpose`` and ``index`` (e.g. to seed an exact bit stream)."""
+        return self._digest("digest/" + purpose, tuple(index))
+
+    def child(self, purpose: str, *index: int) -> "Secret":
+        """An independent 256-bit secret for a sub-task (e.g. one ε of a sweep, one stage of a pipeline)."""
+        return Secret(self._digest("child/" + purpose, tuple(index)), reproducible=self.reproducible)
+
+    def key_data(self, purpose: str, *index: int) -> np.ndarray:
+        """The 64-bit threefry key data (2 x uint32) for ``purpose`` and ``index``."""
+        return np.frombuffer(self._digest(purpose, tuple(index))[:8], dtype=">u4").astype(np.uint32)
+
+    def key(self, purpose: str, *index: int):
+        """A JAX key (threefry2x32, 64 bits) for ``purpose`` and ``index``."""
+        return jax.random.wrap_key_data(self.key_data(purpose, *index), impl="threefry2x32")
+
+    def block_key_data(self, purpose: str, first: int, count: int) -> np.ndarray:
+        """Key data for blocks ``first, ..., first + count - 1``: (count, 2) uint32, one hash each."""
+        first, count = int(first), int(count)
+        if first < 0 or count < 0 or first + count > 1 << 64:
+            raise InputError(f"block indices must lie in [0, 2^64), got blocks {first} .. {first + count - 1}")
+        out = np.empty((count, 2), np.uint32)
+        for i in range(count):
+            out[i] = self.key_data(purpose, first + i)
+        return out
+
+
+def _looks_like_key(text: str) -> bool:
+    """Whether ``text`` is itself 64 hex characters (a secret, not a path)."""
+    t = text.strip()
+    return len(t) == KEY_FILE_HEX and all(c in "0123456789abcdefABCDEF" for c in t)
+
+
+def _restore(material, reproducible):
+    return Secret(material, reproducible=reproducible)
+
+
+def write_key_file(path) -> Path:
+    """Write a fresh 256-bit secret as 64 hex characters (file mode 0600); refuses to overwrite."""
+    p = Path(path)
+    if p.exists():
+        raise InputError(f"key file {str(p)!r} already exists: refusing to overwrite a secret")
+    if p.parent and not p.parent.exists():
+        raise InputError(f"directory {str(p.parent)!r} of the key file does not exist")
+    secret = Secret.from_entropy()
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(secret.hex() + "\n")
+    return p
+
+
+def resolve_secret(key_file=None, seed=None) -> Secret:
+    """The secret of a run: a key file, else (experiments only) an integer seed, else OS entropy."""
+    if key_file is not None and seed is not None:
+        raise InputError("give either --key-file or --seed, not both")
+    if key_file is not None:
+        return Secret.from_file(key_file)
+    if seed is not None:
+        return Secret.from_seed(seed)
+    return Secret.from_entropy()
+
+
+def secret_record(secret: Secret) -> dict:
+    """What a sidecar says about the randomness (never the key itself)."""
+    if secret.reproducible:
+        return {"reproducible_seed": True, "randomness": "integer seed: reproducible, not for production"}
+    return {"reproducible_seed": False, "randomness": "256-bit secret (OS entropy or key file), SHA-256 derived keys"}

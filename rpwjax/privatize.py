@@ -1,0 +1,178 @@
+"""Privatize whole files, streamed in chunks, through the one release path.
+
+Every released label comes from :func:`rpwjax.release_path.release`: float64
+sampling, the public grid and clamp, and per-block keys derived from the
+secret, tied to the GLOBAL row index (blocks of
+:data:`rpwjax.release_path.BLOCK_ROWS` rows). The same secret therefore gives
+bit-identical output for any ``chunk_rows``, any number of devices and any
+split into shards (``row_offset``).
+
+The labels are released with ``secret.child("release")`` (:func:`release_secret`),
+the same derivation :func:`rpwjax.dask.privatize_dataframe` and ``rpwjax
+privatize --key-file`` use, so one key file gives the same output through
+every entry point. The secret is never written anywhere: the sidecar says
+only whether it was an experiments-only integer seed.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from rpwjax import io
+from rpwjax.mechanisms.base import Mechanism
+from rpwjax.errors import InputError, check_label_rows
+from rpwjax.keys import Secret, secret_record
+from rpwjax.release_path import release, sidecar_fields, spec
+
+DEFAULT_CHUNK_ROWS = 1 << 20
+RELEASE_PURPOSE = "release"
+
+
+def release_secret(secret: Secret) -> Secret:
+    """The secret a file or data frame release draws from: ``secret.child("release")``.
+
+    Kept apart from the fit's ``secret.child("fit")`` (the private histogram of
+    an inline fit), so the two never share a key.
+    """
+    if not isinstance(secret, Secret):
+        raise InputError(f"secret must be an rpwjax.keys.Secret (e.g. Secret.from_file(KEYFILE)), "
+                         f"got {type(secret).__name__}")
+    return secret.child(RELEASE_PURPOSE)
+
+
+def randomness_record(secret: Secret, record: dict) -> dict:
+    """``reproducible_seed`` and ``randomness`` for a sidecar: an integer seed anywhere upstream
+    (the release, or the fit whose ``record`` is published with it) marks the whole release."""
+    out = secret_record(secret)
+    if not out["reproducible_seed"] and record.get("reproducible_seed"):
+        out = {"reproducible_seed": True,
+               "randomness": "the fit's private histogram used an integer seed: reproducible, not for production"}
+    return out
+
+
+def output_fields(params: Mechanism, postprocess_range=None) -> dict:
+    """``output_grid`` and ``output_range`` of what is written.
+
+    Without post-processing they are the release's (every value on the grid,
+    inside the range). A post-processing map (posterior denoising) writes
+    values in ``postprocess_range`` instead, off the grid: the sidecar then
+    gives ``output_grid`` null, ``output_range`` the hull of both ranges, and
+    the release's own as ``release_grid``/``release_range``.
+    """
+    fields = sidecar_fields(params)
+    if postprocess_range is None:
+        return fields
+    a, b = fields["output_range"]
+    lo, hi = (float(v) for v in postprocess_range)
+    return {"output_grid": None, "output_range": [min(a, lo), max(b, hi)],
+            "release_grid": fields["output_grid"], "release_range": [a, b]}
+
+
+def check_chunk_rows(chunk_rows) -> int:
+    """``chunk_rows`` as an int in [1, :data:`rpwjax.io.MAX_CHUNK_ROWS`]."""
+    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, (int, np.integer)) \
+            or not 1 <= chunk_rows <= io.MAX_CHUNK_ROWS:
+        raise InputError(f"chunk_rows (--chunk-rows) must be an integer in [1, {io.MAX_CHUNK_ROWS}], "
+                         f"got chunk_rows={chunk_rows!r}")
+    return int(chunk_rows)
+
+
+def check_row_offset(row_offset, rows: int = 0) -> int:
+    """``row_offset`` as an int with every global row index ``row_offset + i`` (i < rows) below 2^63."""
+    if isinstance(row_offset, bool) or not isinstance(row_offset, (int, np.integer)) \
+            or not 0 <= row_offset < io.MAX_GLOBAL_ROWS:
+        raise InputError(f"row_offset (--row-offset) must be an integer in [0, 2^63), got row_offset={row_offset!r}")
+    if int(row_offset) + rows > io.MAX_GLOBAL_ROWS:
+        raise InputError(f"row_offset (--row-offset) {int(row_offset)} plus {rows} rows passes the last global row "
+                         f"index 2^63 - 1: row indices never wrap, so give a smaller offset")
+    return int(row_offset)
+
+
+def privatize_file(
+    input_path,
+    output_path,
+    *,
+    label_column: str,
+    params: Mechanism,
+    secret: Secret,
+    record: dict,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    clip: bool = False,
+    progress: bool = True,
+    row_offset: int = 0,
+    postprocess=None,
+    postprocess_name: str | None = None,
+    postprocess_range=None,
+    encoding: str | None = None,
+) -> dict:
+    """Stream ``input_path`` to ``output_path`` with the label column privatized.
+
+    Every column is kept in order; the label column is replaced by float64
+    released labels (:func:`rpwjax.release_path.release` with :func:`release_secret` of ``secret``, e.g.
+    ``Secret.from_file(KEYFILE)``). Every other column leaves exactly as it
+    came in: a CSV field's text byte for byte (quoted only where the CSV
+    dialect requires it), a Parquet column with its schema and values
+    (:mod:`rpwjax.io`). ``encoding`` is the CSV's text encoding (default
+    UTF-8; the output uses the same). ``row_offset`` is the global index of
+    the file's first row when the file is one shard of a larger data set
+    (shards privatized on different machines then match a single run over
+    the whole data); every global row index must stay below 2^63.
+    ``postprocess`` (e.g. posterior denoising) maps the private labels of each
+    chunk before they are written; it must be a function of the private
+    labels and public quantities only. ``output_path.json`` receives ``record`` plus the row count.
+    Both files appear only if the whole file succeeded; errors name the
+    1-based data row (and, for CSV, the line) of the offending value.
+    """
+    from pathlib import Path
+
+    out_kind = io.file_kind(output_path, what="output file")
+    io.file_kind(input_path, what="input file")
+    key = release_secret(secret)
+    if postprocess is not None and postprocess_range is None:
+        raise InputError("postprocess needs postprocess_range, the public interval its values lie in")
+    chunk_rows = check_chunk_rows(chunk_rows)
+    row_offset = check_row_offset(row_offset)
+    if Path(input_path).resolve() == Path(output_path).resolve() or (
+            Path(output_path).is_file() and Path(input_path).is_file() and Path(input_path).samefile(output_path)):
+        raise InputError(f"output must differ from input, got {str(output_path)!r} for both")
+    source = io.TableSource(input_path, label_column, encoding=encoding)
+    total = source.num_rows if source.kind == ".parquet" else None
+    if total is not None:
+        check_row_offset(row_offset, total)
+    sidecar_path = str(output_path) + ".json"
+    output_spec = spec(params)  # public, the same for every chunk: computed once
+
+    def released(first: int, y: np.ndarray) -> np.ndarray:
+        check_label_rows(y, params.lo, params.hi, clip=clip, first_row=first, where=source.where,
+                         column=label_column)
+        if clip:
+            y = np.clip(y, params.lo, params.hi)  # what every mechanism does first: no privacy cost
+        start = row_offset + first - 1
+        if start + y.size > io.MAX_GLOBAL_ROWS:
+            raise InputError(f"row_offset (--row-offset) {row_offset} plus the rows of {str(input_path)!r} passes the "
+                             f"last global row index 2^63 - 1 at {source.where(io.MAX_GLOBAL_ROWS - row_offset + 1)}")
+        noisy = release(params, key, y, start=start, output_spec=output_spec)
+        if postprocess is not None:
+            noisy = np.clip(np.asarray(postprocess(noisy), dtype=np.float64), *postprocess_range)
+        return noisy
+
+    with io.atomic_outputs(output_path, sidecar_path) as (tmp, tmp_json):
+        bar = tqdm(total=total, unit="rows", unit_scale=True, disable=not progress, desc="privatize")
+        try:
+            with bar:
+                try:
+                    rows = io.copy_with_labels(source, tmp, out_kind, released, chunk_rows=chunk_rows, bar=bar)
+                except BaseException:
+                    bar.leave = False  # an error or interrupt leaves one line on stderr, not a bar
+                    raise
+        finally:
+            bar.close()
+        if rows == 0:
+            raise InputError(f"input file {str(input_path)!r} has no rows")
+        sidecar = dict(record, rows=rows, label_column=label_column, **output_fields(params, postprocess_range),
+                       postprocessing=postprocess_name, **randomness_record(secret, record))
+        tmp_json.write_text(json.dumps(sidecar, indent=2) + "\n")
+    return sidecar

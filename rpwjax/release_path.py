@@ -1,0 +1,188 @@
+r"""The one release path: every private label that leaves the package is made here.
+
+A *release* is the float64 numbers a user publishes, not the mechanism on
+paper. :func:`release` turns labels into released values in four fixed steps:
+
+1. **One uniform per label, from 52 random bits**: ``u = (k + 1/2)·2^-52`` with
+   ``k`` the top 52 bits of a 64-bit draw (:func:`uniform_from_index`), so
+   ``u`` takes exactly ``N = 2^52`` equally likely values in (0, 1), none of
+   them 0 or 1. The key of each block of :data:`BLOCK_ROWS` rows is derived
+   from the secret (:class:`rpwjax.keys.Secret`) by SHA-256 of (purpose,
+   block index).
+2. **The mechanism's inverse CDF**, ``x = params.sample_from_uniform(u, y)``,
+   in float64 (inside ``jax.enable_x64``). Every shipped sampler is
+   non-decreasing in ``u`` for each label.
+3. **Snap to the public grid** ``h`` (a power of two, so ``round(x/h)·h`` is
+   exact), continuous outputs only.
+4. **Clamp to the public output range** ``[a, b]`` (grid points; for the
+   additive mechanisms, whose support is unbounded, ``[lo - T, hi + T]``).
+
+Because steps 2-4 are monotone in ``u``, the set of the ``N`` uniforms that
+produce a given released value is an interval of ``k``; its length divided
+by ``N`` is the *realized* probability of that value, which
+:mod:`rpwjax.audit.checks` computes exactly (by bisection on ``k``) and checks
+against ε. The grid and the clamp are chosen from public quantities only
+(the parameters: ε, the range, the noise scale, the fitted interval) by
+:meth:`~rpwjax.mechanisms.base.Mechanism.release_spec`, so that every output cell
+holds at least :data:`MIN_CELL_COUNT` uniforms at every label: then integer
+rounding of the realized probabilities moves a log ratio by less than 1e-7.
+
+The sampling kernels (``Mechanism.sample``) are *not* releases: they draw
+their own uniforms and neither snap nor clamp; they serve tests and
+benchmarks.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rpwjax.mechanisms.base import Mechanism
+from rpwjax.errors import InputError
+from rpwjax.keys import Secret
+
+BLOCK_ROWS = 1 << 16
+UNIFORM_BITS = 52
+UNIFORM_COUNT = 1 << UNIFORM_BITS  # N: the number of distinct uniforms
+MIN_CELL_COUNT = 1 << 23  # uniforms that land in any full output cell, at every label (half cells at the ends: half)
+MAX_CELLS = 1 << 16  # the grid is never finer than (b - a) / MAX_CELLS
+
+
+def uniform_from_index(k):
+    """``(k + 1/2)·2^-52`` in float64 for integer ``k`` in [0, 2^52): exact, strictly inside (0, 1)."""
+    return (jnp.asarray(k).astype(jnp.float64) + 0.5) * (2.0 ** -UNIFORM_BITS)
+
+
+def uniform(key, shape):
+    """The release path's uniforms: the top 52 bits of a 64-bit draw (needs ``jax.enable_x64``)."""
+    bits = jax.random.bits(key, shape, jnp.uint64)
+    return uniform_from_index(bits >> jnp.uint64(64 - UNIFORM_BITS))
+
+
+def pow2_at_least(x: float) -> float:
+    """The smallest power of two >= ``x`` (``x`` > 0)."""
+    m, e = np.frexp(float(x))  # x = m 2^e, 0.5 <= m < 1
+    return float(np.ldexp(1.0, int(e) - (1 if m == 0.5 else 0)))
+
+
+def spec(params: Mechanism) -> dict:
+    """The public release specification of ``params``: ``grid`` (or None) and ``low``/``high`` (arrays).
+
+    ``low``/``high`` broadcast against the labels (per-row parameters give per-row ranges).
+    """
+    s = params.release_spec()
+    grid = None if s["grid"] is None else float(s["grid"])
+    low = np.asarray(s["low"], np.float64)
+    high = np.asarray(s["high"], np.float64)
+    if grid is not None and np.any(~(high - low >= 2 * grid)):
+        raise InputError(
+            f"{params.name}: epsilon={float(np.max(params.epsilon)):g} is too large for a certified float64 release "
+            f"(the public grid {grid:g} leaves fewer than three outputs)"
+        )
+    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low <= high)):
+        raise InputError(f"{params.name}: the release range is empty or not finite, got [{low}, {high}]")
+    return {"grid": grid, "low": low, "high": high}
+
+
+def sidecar_fields(params: Mechanism) -> dict:
+    """``output_grid`` and ``output_range`` = [a, b] for a sidecar (every released value lies in it)."""
+    s = spec(params)
+    return {"output_grid": s["grid"], "output_range": [float(np.min(s["low"])), float(np.max(s["high"]))]}
+
+
+def released_values(params: Mechanism, grid, low, high, u, y):
+    """Steps 2-4 for given uniforms: the value released for label ``y`` and uniform ``u`` (traceable)."""
+    x = params.sample_from_uniform(u, y)
+    if grid is not None:
+        x = jnp.round(x / grid) * grid
+    return jnp.clip(x, low, high)
+
+
+@partial(jax.jit, static_argnames=("grid", "per_row"))
+def _release_blocks(params, low, high, key_data, y_blocks, grid, per_row):
+    def one(p, lo_, hi_, kd, y):
+        key = jax.random.wrap_key_data(kd, impl="threefry2x32")
+        return released_values(p, grid, lo_, hi_, uniform(key, y.shape), y)
+
+    row = 0 if per_row else None  # per-row parameters and ranges are blocked like the labels
+    in_axes = (jax.tree_util.tree_map(lambda _: row, params), row, row, 0, 0)
+    return jax.vmap(one, in_axes=in_axes)(params, low, high, key_data, y_blocks)
+
+
+def _blocks(values, offset, num_blocks, fill):
+    padded = np.full(num_blocks * BLOCK_ROWS, fill, np.float64)
+    padded[offset : offset + values.size] = values
+    return padded.reshape(num_blocks, BLOCK_ROWS)
+
+
+def _per_row(params: Mechanism, n: int) -> bool:
+    """Whether ``params`` carries one parameter set per row (the pipelines' per-row intervals)."""
+    shape = np.shape(params.epsilon)
+    if shape == ():
+        return False
+    if shape == (n,) and not params.discrete:
+        return True
+    raise InputError(f"release needs parameters for one epsilon (or, continuous only, one per row), got "
+                     f"epsilon of shape {shape} for {n} labels")
+
+
+def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpose: str = "labels",
+            output_spec: dict | None = None) -> np.ndarray:
+    """Released values for ``labels`` at global rows ``start, start + 1, ...`` (float64).
+
+    Row ``i`` always gets the same uniform for the same secret and purpose,
+    whatever the chunking, the device count or the shard offsets, so shards
+    concatenate to the single-run output. Labels must already be validated
+    (finite, inside the public range); ``params`` holds one ε, with scalar
+    leaves or one leaf value per row. ``output_spec`` is ``spec(params)``,
+    when a caller releasing many chunks with the same parameters computed it
+    once.
+    """
+    if not isinstance(secret, Secret):
+        raise InputError(f"release needs an rpwjax.keys.Secret, got {type(secret).__name__}")
+    start = int(start)
+    if start < 0:
+        raise InputError(f"start must be a non-negative row index, got start={start}")
+    y = np.asarray(labels, dtype=np.float64).ravel()
+    if y.size == 0:
+        return y
+    per_row = _per_row(params, y.size)
+    s = spec(params) if output_spec is None else output_spec
+    offset = start % BLOCK_ROWS
+    devices = jax.local_devices()  # multi-host: each process shards its own rows over its own devices
+    num_blocks = -(-(offset + y.size) // BLOCK_ROWS)
+    num_blocks = -(-num_blocks // len(devices)) * len(devices)  # whole blocks on every device
+    key_data = secret.block_key_data(purpose, start // BLOCK_ROWS, num_blocks)
+    with jax.enable_x64(True):
+        blocks = _blocks(y, offset, num_blocks, float(params.lo))
+        low, high = s["low"], s["high"]
+        if per_row:
+            params = jax.tree_util.tree_map(
+                lambda leaf: _blocks(np.broadcast_to(np.asarray(leaf, np.float64), y.shape), offset, num_blocks,
+                                     float(np.ravel(leaf)[0])), params)
+            low = _blocks(np.broadcast_to(low, y.shape), offset, num_blocks, float(np.min(low)))
+            high = _blocks(np.broadcast_to(high, y.shape), offset, num_blocks, float(np.max(high)))
+        if len(devices) > 1:
+            # blocks are independent (each has its own key), so sharding them over devices
+            # changes where a block is computed, never what it computes
+            mesh = jax.sharding.Mesh(np.array(devices), ("blocks",))
+            blocks = jax.device_put(blocks, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("blocks")))
+        out = _release_blocks(params, low, high, key_data, blocks, grid=s["grid"], per_row=per_row)
+        out = np.asarray(out, np.float64).reshape(-1)
+    return out[offset : offset + y.size]
+
+
+def epsilon_index(epsilon: float) -> int:
+    """A block-key index from an ε value's float64 bits (so one ε of a grid can be rerun alone)."""
+    return int(np.asarray(float(epsilon), np.float64).view(np.uint64))
+
+
+def release_grid(params: Mechanism, secret: Secret, labels, *, purpose: str = "labels") -> np.ndarray:
+    """:func:`release` for every ε of a batched fit: (E, n), ε ``e`` released with ``secret.child(purpose, bits(e))``."""
+    eps = np.atleast_1d(np.asarray(params.epsilon, np.float64))
+    if params.batch_shape == ():
+        return release(params, secret.child(purpose, epsilon_index(eps[0])), labels)[None, :]
+    return np.stack([release(params[i], secret.child(purpose, epsilon_index(e)), labels) for i, e in enumerate(eps)])
