@@ -1,11 +1,11 @@
-"""pytest-benchmark wrappers around the case table of :mod:`rpwjax.bench.suite`.
+"""pytest-benchmark wrappers around the case table of :mod:`rpwjax.bench`.
 
 Not collected by the default ``pytest`` run (testpaths = tests). Run with::
 
     pytest benchmarks --benchmark-only                       # full sizes
     pytest benchmarks --benchmark-only --rpwjax-plan quick   # the quick subset
 
-Each case of ``rpwjax.bench.suite.build_groups`` is one test; the warm-up call
+Each case of ``rpwjax.bench.cases.build_groups`` is one test; the warm-up call
 (compilation) happens before pytest-benchmark's timer starts. Members of a
 (family, size) group share ``benchmark.group``, so the report puts a case
 next to its baseline.
@@ -18,30 +18,30 @@ import time
 
 import pytest
 
-from rpwjax.bench import suite as bench
+from rpwjax.bench import cases, plans, timing
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("rpwjax")
-    group.addoption("--rpwjax-plan", choices=sorted(bench.PLANS), default="full",
+    group.addoption("--rpwjax-plan", choices=sorted(plans.PLANS), default="full",
                     help="sizes and repeats of the rpwjax benchmark cases (default: full)")
     group.addoption("--rpwjax-cache", default=None,
                     help="directory for generated input files (default: $RPWJAX_BENCH_CACHE or ~/.cache/rpwjax/bench)")
 
 
 def _plan(config):
-    return bench.PLANS[config.getoption("--rpwjax-plan")]
+    return plans.PLANS[config.getoption("--rpwjax-plan")]
 
 
 def _cache(config):
-    return config.getoption("--rpwjax-cache") or bench.default_cache_dir()
+    return config.getoption("--rpwjax-cache") or cases.default_cache_dir()
 
 
 def pytest_generate_tests(metafunc):
     if "case" not in metafunc.fixturenames:
         return
     families = metafunc.module.FAMILIES
-    groups = bench.build_groups(_plan(metafunc.config), _cache(metafunc.config), families)
+    groups = cases.build_groups(_plan(metafunc.config), _cache(metafunc.config), families)
     params = [(g, m) for g in groups for m in g.members]
     metafunc.parametrize("case", params, ids=[m.id for _, m in params])
 
@@ -49,8 +49,8 @@ def pytest_generate_tests(metafunc):
 @pytest.fixture(scope="module", autouse=True)
 def _release_data(request):
     yield
-    bench.clear_caches()
-    bench.cleanup_outputs(_cache(request.config))
+    cases.clear_caches()
+    cases.cleanup_outputs(_cache(request.config))
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def run_case(benchmark, request):
     def run(case):
         group, member = case
         thunk = member.setup()
-        warmup, number, _ = bench.calibrate(thunk, plan.min_sample_s)
+        warmup, number, _ = timing.calibrate(thunk, plan.min_sample_s)
         rounds = plan.slow_repeats if member.slow else plan.repeats
         benchmark.group = f"{member.family} {member.size_unit}={member.size}"
         benchmark.extra_info.update(family=member.family, case=member.name, size=member.size,

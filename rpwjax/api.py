@@ -10,7 +10,6 @@ under the prior that was used. ``FitResult.records()`` is the JSON contract of
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Any
 
 import jax
@@ -19,32 +18,13 @@ import numpy as np
 from rpwjax.mechanisms.base import Mechanism, label_mse_grid
 from rpwjax.errors import InputError, check_choice, check_epsilon, check_range  # noqa: F401 (InputError re-exported)
 from rpwjax.keys import Secret
+from rpwjax.mechanisms import MECHANISMS, entry, mechanism_names  # noqa: F401 (re-exported)
 from rpwjax.priors import Prior, empirical_prior, private_histogram
 
-# name -> (module, fit function, params class, uses the prior)
-MECHANISMS: dict[str, tuple[str, str, str, bool]] = {
-    "rpwithprior": ("rpwjax.mechanisms.rpwithprior", "fit_rpwithprior", "RPWithPrior", True),
-    "laplace": ("rpwjax.mechanisms.additive", "fit_laplace", "Laplace", False),
-    "gaussian": ("rpwjax.mechanisms.additive", "fit_gaussian", "Gaussian", False),
-    "staircase": ("rpwjax.mechanisms.additive", "fit_staircase", "Staircase", False),
-    "rr-on-bins": ("rpwjax.mechanisms.rr_on_bins", "fit_rr_on_bins", "RROnBins", True),
-    "unbiased": ("rpwjax.mechanisms.unbiased", "fit_unbiased", "Unbiased", True),
-}
 PRIORS = ("empirical", "private")
 DEFAULT_PRIOR_FRACTION = 0.1  # ε₁ = 0.1·ε unless --prior-epsilon is given
 DEFAULT_BINS = 32
 FORMAT_VERSION = 1
-
-
-def mechanism_names() -> tuple[str, ...]:
-    return tuple(MECHANISMS)
-
-
-def _entry(name: str):
-    check_choice(name, "mechanism", tuple(MECHANISMS))
-    module, fit_name, cls_name, uses_prior = MECHANISMS[name]
-    mod = importlib.import_module(module)
-    return getattr(mod, fit_name), getattr(mod, cls_name), uses_prior
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +82,7 @@ class FitResult:
         already, so saving them costs nothing; the empirical prior is never written out)."""
         out = {"kind": self.prior, "bins": self.bins}
         if self.prior == "empirical":
-            uses_prior = MECHANISMS[self.mechanism][3]
+            uses_prior = MECHANISMS[self.mechanism].uses_prior
             read = ("the parameters and the reported label_mse are functions of the raw labels"
                     if uses_prior else "the reported label_mse is a function of the raw labels")
             out["public_prior_required"] = True
@@ -177,7 +157,8 @@ def fit(
         with ``prior="private"`` that costs ε₁ and the mechanism gets ε - ε₁.
       options: mechanism options (``zeta``, ``objective``, ``delta``, ...).
     """
-    fit_fn, _, uses_prior = _entry(mechanism)
+    row = entry(mechanism)
+    fit_fn, uses_prior = row.fit, row.uses_prior
     lo, hi = check_range(*range)
     eps = check_epsilon(epsilon)
     grid = np.atleast_1d(eps)
@@ -278,7 +259,7 @@ def load_params(record: dict) -> tuple[Mechanism, dict]:
     stated ε and δ hold for the parameters. :func:`rpwjax.audit.verify.verify_record` does (``privatize --params`` runs it).
     """
     record = one_record(record)
-    _, cls, _ = _entry(record["mechanism"])
+    cls = entry(record["mechanism"]).params
     try:
         params = cls.from_json(record["params"])
     except (KeyError, TypeError, ValueError) as err:

@@ -116,7 +116,7 @@ def _check_fit_options(args, *, spend_prior: bool):
                                ("--delta", args.delta, "gaussian"), ("--calibration", args.calibration, "gaussian")):
         if value is not None and mechanism != owner:
             raise InputError(f"{flag} {value} does nothing for --mechanism {mechanism} (it applies to {owner} only)")
-    uses_prior = MECHANISMS[mechanism][3] or spend_prior
+    uses_prior = MECHANISMS[mechanism].uses_prior or spend_prior
     if (args.prior or "private") == "empirical":
         if args.bins is not None:
             raise InputError(f"--bins {args.bins} does nothing under --prior empirical (no histogram is built): "
@@ -364,77 +364,82 @@ def cmd_curves(args) -> int:
     return _sweep(train_test_split(dataset, seed=0), config, args.out, args.quiet)
 
 
-PIPELINES = ("linear-prior", "two-stage", "two-stage-unbiased", "two-stage-rpwithprior", "calibrated")
+def _pipeline_names() -> list[str]:
+    from rpwjax.pipelines import ALIASES, PIPELINES
+
+    return list(PIPELINES) + list(ALIASES)
 
 
 def cmd_privatize_table(args) -> int:
-    """The feature-aware pipelines on a user's table: every row's label replaced, in memory.
-
-    The output keeps every other column as it came in (as ``privatize`` does).
-    """
-    import numpy as np
-
-    from rpwjax import io
-    from rpwjax.pipelines import two_stage as twostage
-    from rpwjax.experiments.datasets import load_table
-    from rpwjax.errors import InputError, check_epsilon, check_range
-    from rpwjax.experiments.sweeps import VARIANTS
-    from rpwjax.keys import secret_record
-    from rpwjax.privatize import DEFAULT_CHUNK_ROWS
+    from rpwjax.errors import InputError
+    from rpwjax.pipelines.table import privatize_table
 
     if args.range is None:
         raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
-    eps = float(check_epsilon(args.epsilon))
-    lo, hi = check_range(*args.range)
-    kind = io.file_kind(args.output, what="output file")
-    io.file_kind(args.input, what="input file")
-    if Path(args.input).resolve() == Path(args.output).resolve():
-        raise InputError(f"output must not overwrite the input, got {args.output!r}")
-    two_stage = args.pipeline.startswith("two-stage")
-    if args.epochs is not None and not two_stage:
-        raise InputError(f"--epochs {args.epochs} does nothing for --pipeline {args.pipeline} (it trains no stage "
-                         "model; the two-stage pipelines do)")
-    epochs = 50 if args.epochs is None else args.epochs
-    if epochs < 1:
-        raise InputError(f"epochs must be a positive integer, got epochs={epochs!r}")
-    secret = _secret(args)
-    source = io.TableSource(args.input, args.label_column, encoding=args.encoding)
-    # every label checked first, so that errors name the data row and line
-    io.read_labels(args.input, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
-    data = load_table(args.input, args.label_column, lo, hi, clip=args.clip, encoding=args.encoding)
-    x = data.features.astype(np.float64)
-    scale = x.std(axis=0)
-    x = ((x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)).astype(np.float32)  # features are public
-    y = data.labels
-    if args.pipeline == "linear-prior":
-        labels, record = twostage.linear_prior_labels(x, y, lo, hi, eps, secret=secret, **VARIANTS["linear-prior"])
-    elif args.pipeline == "calibrated":
-        labels, record = twostage.calibrated_denoised(y, lo, hi, eps, secret=secret)
-    else:
-        config = twostage.TwoStageConfig(**VARIANTS[args.pipeline])
-        run = twostage.two_stage_labels(x, y, lo, hi, eps, secret=secret, config=config, epochs=epochs)
-        labels, record = run.labels, run.record
-    labels = np.asarray(labels, dtype=np.float64)
-    if labels.shape != y.shape or not np.all(np.isfinite(labels)):
-        raise RuntimeError("the pipeline produced labels of the wrong shape or non-finite labels")
-    sidecar = {
-        "format_version": 1, "pipeline": args.pipeline, "rows": int(y.size),
-        "feature_columns": list(data.feature_names), "label_column": args.label_column,
-        "postprocessing": "posterior-mean" if args.pipeline != "two-stage-unbiased" else "none",
-        "accounting": record,
-        **secret_record(secret),
-    }
-    text = json.dumps(sidecar, indent=2, allow_nan=False,
-                      default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n"  # fail before writing
-    out = Path(args.output)
-    with io.atomic_outputs(out, out.with_name(out.name + ".json")) as (tmp, tmp_json):
-        rows = io.copy_with_labels(source, tmp, kind, lambda first, _: labels[first - 1: first - 1 + _.size],
-                                   chunk_rows=DEFAULT_CHUNK_ROWS)
-        if rows != y.size:
-            raise InputError(f"{args.input!r} changed while it was read ({y.size} rows, then {rows})")
-        tmp_json.write_text(text)
-    print(f"{args.pipeline}: {y.size} labels privatized at epsilon={eps:g} (per label, total) -> {out}")
+    sidecar = privatize_table(args.input, args.output, label_column=args.label_column, lo=args.range[0],
+                              hi=args.range[1], epsilon=args.epsilon, pipeline=args.pipeline, secret=_secret(args),
+                              clip=args.clip, encoding=args.encoding, epochs=args.epochs)
+    print(f"{args.pipeline}: {sidecar['rows']} labels privatized at epsilon={float(args.epsilon):g} "
+          f"(per label, total) -> {args.output}")
     return 0
+
+
+def cmd_bench(args) -> int:
+    """Run the benchmarks; exit code 1 if any case failed (its error is in results.json)."""
+    from rpwjax.bench.plans import PLANS
+    from rpwjax.bench.report import run_plan, summary
+    from rpwjax.errors import InputError
+
+    if args.repeats is not None and args.repeats < 1:
+        raise InputError(f"--repeats must be a positive integer, got --repeats={args.repeats}")
+    plan = PLANS[args.plan or ("quick" if args.quick else "full")]
+    results = run_plan(plan, args.out, cache_dir=args.cache, families=args.only, repeats=args.repeats,
+                       plots=not args.no_plots, progress=not args.quiet)
+    print(summary(results))
+    print(f"wrote {Path(args.out) / 'results.json'}")
+    return 1 if results["errors"] else 0
+
+
+def cmd_audit(args) -> int:
+    """Print the audit table (or JSON lines) and every problem; 0 iff every check passes."""
+    from rpwjax.audit import checks
+    from rpwjax.errors import InputError
+
+    if args.params is not None:
+        if args.mechanism is not None or args.epsilon is not None:
+            raise InputError("give either --params FILE or --mechanism/--epsilon, not both: a saved fit states its own "
+                             "mechanism and epsilon")
+        out = checks.audit_params_file(args.params, samples=args.samples, seed=args.seed)
+        report, record = out["report"], out["record"]
+        if args.json:
+            obj = report.to_json() if report is not None else {"mechanism": record["mechanism"]}
+            obj.update(params_file=str(args.params), record_pass=record["pass"], record_problems=record["problems"],
+                       verified=record, key_check_pass=out["keys"]["pass"], errors=out["broken"], **{"pass": out["pass"]})
+            print(json.dumps(obj))
+            return 0 if out["pass"] else 1
+        if report is not None:
+            print(checks.format_table([report]))
+        print("\n" + checks.legend(args.samples, out["keys"]))
+        print("\n".join(checks.record_lines(args.params, record)))
+        reports = [report] if report is not None else []
+    else:
+        out = checks.run_audit(args.mechanism, args.epsilon, samples=args.samples, seed=args.seed)
+        reports = out["reports"]
+        if args.json:
+            for r in reports:
+                obj = r.to_json()
+                obj["key_check_pass"] = out["keys"]["pass"]
+                obj["pass"] = obj["pass"] and out["keys"]["pass"]
+                print(json.dumps(obj))
+            for line in out["broken"]:
+                print(json.dumps({"error": line, "pass": False}))
+            return 0 if out["pass"] else 1
+        if reports:
+            print(checks.format_table(reports))
+        print("\n" + checks.legend(args.samples, out["keys"]))
+    for line in checks.problem_lines(reports, out["keys"], out["broken"]):
+        print(line)
+    return 0 if out["pass"] else 1
 
 
 def cmd_demo(args) -> int:
@@ -502,7 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epsilon", type=float, required=True, help="total epsilon per label")
     _add_encoding_option(p)
     _add_secret_options(p, "pipeline (split, statistics, histograms and release)")
-    p.add_argument("--pipeline", choices=PIPELINES, default="linear-prior")
+    p.add_argument("--pipeline", choices=_pipeline_names(), default="linear-prior")
     p.add_argument("--epochs", type=int, default=None,
                    help="epochs of the two-stage pipelines' stage models (default 50)")
     p.add_argument("--clip", action="store_true", help="clip labels outside --range instead of refusing them")
@@ -532,17 +537,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_curves)
 
-    from rpwjax.bench import suite as bench
+    from rpwjax.bench.plans import FAMILIES, PLANS
 
     p = sub.add_parser("bench", help="runtime benchmarks against baselines and the hardware floor: results.json, plots")
-    bench.add_arguments(p)
-    p.set_defaults(func=bench.run)
+    p.add_argument("--quick", action="store_true",
+                   help="smaller sizes and fewer repeats (every family and mechanism; about 2 minutes on 2 cores)")
+    p.add_argument("--out", required=True, help="directory for results.json and the plots")
+    p.add_argument("--cache", default=None,
+                   help="directory for generated input files (default $RPWJAX_BENCH_CACHE or ~/.cache/rpwjax/bench)")
+    p.add_argument("--only", nargs="+", choices=FAMILIES, default=None, metavar="FAMILY",
+                   help=f"run only these families: {', '.join(FAMILIES)}")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats per case (default: by plan)")
+    p.add_argument("--no-plots", action="store_true", help="skip the plots")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--plan", choices=tuple(PLANS), default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_bench)
 
-    from rpwjax.audit import checks as audit
+    from rpwjax.audit.checks import DEFAULT_EPSILON, DEFAULT_SAMPLES
 
     p = sub.add_parser("audit", help="check each mechanism's privacy guarantee exactly and by sampling")
-    audit.add_arguments(p)
-    p.set_defaults(func=audit.run)
+    p.add_argument("--mechanism", default=None, help="mechanism to audit, or 'all' (default)")
+    p.add_argument("--epsilon", type=float, nargs="+", default=None,
+                   help=f"one or more epsilons to fit and audit (default {DEFAULT_EPSILON:g})")
+    p.add_argument("--params", default=None, metavar="FILE",
+                   help="audit a saved fit (`rpwjax fit --save`) instead of fitting the example prior: its record is "
+                        "verified (rpwjax.audit.verify: fields agree, guarantee recomputed from the parameters) and its "
+                        "parameters get the exact, realized and empirical checks against the epsilon and delta the "
+                        "file states")
+    p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES,
+                   help=f"outputs sampled per label (default {DEFAULT_SAMPLES})")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0; the audit has nothing to hide)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per (mechanism, epsilon), one per line")
+    p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("demo", help="a reduced sweep on bundled California Housing: table and plot (a few minutes)")
     p.add_argument("--out", default="rpwjax-demo", help="output directory (default rpwjax-demo)")

@@ -128,6 +128,11 @@ class Secret:
         """An independent 256-bit secret for a sub-task (e.g. one ε of a sweep, one stage of a pipeline)."""
         return Secret(self._digest("child/" + purpose, tuple(index)), reproducible=self.reproducible)
 
+    def for_epsilon(self, epsilon: float, purpose: str = "epsilon") -> "Secret":
+        """The child secret of one ε value: ``child(purpose, epsilon_index(ε))``, keyed by the value's
+        float64 bits (not by its position in a grid), so one ε of a sweep can be rerun alone."""
+        return self.child(purpose, epsilon_index(epsilon))
+
     def key_data(self, purpose: str, *index: int) -> np.ndarray:
         """The 64-bit threefry key data (2 x uint32) for ``purpose`` and ``index``."""
         return np.frombuffer(self._digest(purpose, tuple(index))[:8], dtype=">u4").astype(np.uint32)
@@ -145,6 +150,19 @@ class Secret:
         for i in range(count):
             out[i] = self.key_data(purpose, first + i)
         return out
+
+
+def epsilon_index(epsilon: float) -> int:
+    """The key index of an ε value: its float64 bits (every per-ε key of the package is derived with it)."""
+    return int(np.asarray(float(epsilon), np.float64).view(np.uint64))
+
+
+def check_secret(secret) -> Secret:
+    """``secret`` if it is a :class:`Secret`, else an InputError saying how to get one."""
+    if not isinstance(secret, Secret):
+        raise InputError("secret must be an rpwjax.keys.Secret (Secret.from_file(KEYFILE) or Secret.from_entropy()), "
+                         f"got {type(secret).__name__}")
+    return secret
 
 
 def _looks_like_key(text: str) -> bool:

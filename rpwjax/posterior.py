@@ -416,3 +416,70 @@ def posterior_mean(params: Mechanism, prior: Prior, y_tilde) -> np.ndarray:
         parts = [np.asarray(_discrete_posterior(params, points, log_mass, flat[i : i + _CHUNK], values))
                  for i in range(0, flat.size, _CHUNK)]
         return np.concatenate(parts).reshape(yt.shape) if parts else np.zeros(yt.shape)
+
+
+# --------------------------------------------------------------------------- one prior per row
+
+_ROW_CHUNK = 2048  # rows per compiled call
+
+
+def _prior_rows(prior: Prior, start: int, stop: int) -> Prior:
+    return jax.tree_util.tree_map(lambda v: jnp.asarray(v)[start:stop], prior)
+
+
+@jax.jit
+def _rp_posterior_rows(params, priors, y_tilde):
+    return jax.vmap(_rpwithprior_posterior)(params, priors, y_tilde)
+
+
+def _discrete_posterior_rows(params, priors, y_tilde, cuts, mids):
+    cdf = jax.vmap(lambda p: p.cdf(cuts))(priors)
+    h = jax.vmap(lambda p: p.partial_expectation(cuts))(priors)
+    below = cuts[None] * cdf - h  # E[Y; Y <= cut] per row
+    mass = jnp.clip(jnp.diff(cdf, axis=1), 0.0, None)
+    first = jnp.diff(below, axis=1)
+    has = mass > 0
+    mean = jnp.where(has, first / jnp.where(has, mass, 1.0), mids[None])
+    log_p = params.log_density(y_tilde[:, None], jnp.broadcast_to(mids[None], mass.shape))
+    log_w = jnp.where(has, log_p + jnp.log(jnp.where(has, mass, 1.0)), -jnp.inf)
+    w = jnp.exp(log_w - jnp.max(log_w, axis=1, keepdims=True))
+    return jnp.sum(w * mean, axis=1) / jnp.sum(w, axis=1)
+
+
+_discrete_posterior_rows_jit = jax.jit(_discrete_posterior_rows)
+
+
+def posterior_mean_per_row(params, priors: Prior, y_tilde) -> np.ndarray:
+    """E_{π_i}[Y | Ỹ = ỹ_i] with one prior per row (a batched histogram Prior), exact.
+
+    RPWithPrior: ``params`` batched over rows (one interval each) or one fit
+    shared by all rows; closed form. RR-on-Bins and Unbiased (one shared fit):
+    their pmf is constant in y between consecutive ``breakpoints()``, so each
+    row's prior enters through its mass and mean on those cells.
+    """
+    y = np.asarray(y_tilde, np.float64).reshape(-1)
+    n = y.size
+    if np.shape(priors.mass)[0] != n:
+        raise InputError(f"one prior per row is needed: {np.shape(priors.mass)[0]} priors for {n} outputs")
+    out = []
+    with jax.enable_x64(True):
+        if isinstance(params, RPWithPrior):
+            if params.batch_shape == ():
+                params = jax.tree_util.tree_map(lambda v: jnp.full((n,), v, jnp.float64), params)
+            for i in range(0, n, _ROW_CHUNK):
+                p = jax.tree_util.tree_map(lambda v: jnp.asarray(v, jnp.float64)[i : i + _ROW_CHUNK], params)
+                out.append(np.asarray(_rp_posterior_rows(p, _prior_rows(priors, i, i + _ROW_CHUNK), jnp.asarray(y[i : i + _ROW_CHUNK]))))
+        elif params.discrete:
+            if params.batch_shape != ():
+                raise InputError("a discrete mechanism needs one shared fit (unbatched parameters)")
+            lo, hi = priors.lo, priors.hi
+            bps = [np.ravel(np.asarray(b, np.float64)) for b in params.breakpoints()]
+            cuts = np.unique(np.clip(np.concatenate([[lo, hi], *bps]), lo, hi))
+            mids = jnp.asarray(0.5 * (cuts[:-1] + cuts[1:]))
+            snapped = _snap_to_outputs(params, y)
+            for i in range(0, n, _ROW_CHUNK):
+                out.append(np.asarray(_discrete_posterior_rows_jit(
+                    params, _prior_rows(priors, i, i + _ROW_CHUNK), jnp.asarray(snapped[i : i + _ROW_CHUNK]), jnp.asarray(cuts), mids)))
+        else:
+            raise InputError(f"per-row posterior denoising supports rpwithprior, rr-on-bins and unbiased, got {params.name}")
+    return np.concatenate(out) if out else np.zeros(0)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
+from rpwjax.errors import InputError, check_choice, check_epsilon, check_labels, check_range
 
 
 @partial(
@@ -148,36 +148,78 @@ def histogram_prior(edges, masses, *, kind: str = "histogram") -> Prior:
     return Prior(e[:-1], e[1:], m, float(e[0]), float(e[-1]), False, kind)
 
 
-def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, secret, clip: bool = False) -> Prior:
+def project_counts(noisy, total: float) -> np.ndarray:
+    """Least-squares post-processing of noisy counts whose true total is public:
+    the closest (L2) c >= 0 with sum(c) = total, i.e. c = max(noisy - tau, 0) for one shift tau.
+
+    Plain clipping at zero keeps the positive noise of every empty bin, a floor
+    of spurious mass spread over the whole range; the projection removes it.
+    """
+    v = np.asarray(noisy, np.float64)
+    total = float(total)
+    if total <= 0:
+        return np.full(v.size, 0.0)
+    u = np.sort(v)[::-1]
+    cum = np.cumsum(u) - total
+    k = np.arange(1, v.size + 1)
+    rho = np.nonzero(u - cum / k > 0)[0][-1]
+    tau = cum[rho] / (rho + 1)
+    return np.maximum(v - tau, 0.0)
+
+
+def histogram_release(values, edges, epsilon, secret, purpose: str = "counts", *index: int) -> np.ndarray:
+    """The one ε-DP histogram release of the package (``Hist_ε`` and every pipeline's histogram).
+
+    ``values`` are clipped to the public ``edges`` and counted; the counts (the
+    only thing read from the values) get exact discrete Laplace noise of rate
+    ε/2 (:func:`rpwjax.noise.noisy_counts`: replace-one neighbours change two
+    counts by one, L1 sensitivity 2; no floating point touches the noise), drawn
+    from ``secret`` under ``purpose`` and ``index``. Returns int64 noisy counts
+    (they may be negative: post-process with :func:`project_counts` or by clipping).
+    """
+    from rpwjax.noise import noisy_counts
+
+    eps = float(check_epsilon(epsilon))
+    edges = np.asarray(edges, np.float64)
+    v = np.clip(np.asarray(values, np.float64), edges[0], edges[-1])
+    counts, _ = np.histogram(v, bins=edges)  # np.histogram puts the last edge into the last bin
+    return noisy_counts(counts, eps, secret, purpose, *index)
+
+
+PROJECTIONS = ("clip", "project")
+
+
+def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, secret, clip: bool = False,
+                      projection: str = "clip", purpose: str = "histogram", keyed_by_epsilon: bool = True) -> Prior:
     r"""``Hist_ε``: an ε₁-DP histogram prior over the public range.
 
-    ``bins`` equal-width bins over ``[lo, hi]``; integer counts plus exact
-    discrete Laplace noise of rate ε₁/2 (:func:`rpwjax.noise.noisy_counts`:
-    replace-one neighbours change two counts by one, L1 sensitivity 2; no
-    floating point touches the noise), clipped at zero and normalised (all
-    zero gives the uniform prior). The noise is drawn from ``secret``
-    (:class:`rpwjax.keys.Secret`), purpose ``"histogram"``; with a 1-d
-    ``epsilon_prior`` each value gets its own independent noise, keyed by the
-    value's float64 bits (not its position in the grid, so one cell of a
-    sweep can be rerun alone), and the result carries a leading axis.
+    ``bins`` equal-width bins over ``[lo, hi]``, released once by
+    :func:`histogram_release`, then post-processed into masses:
+    ``projection="clip"`` clips the noisy counts at zero and normalises (all
+    zero gives the uniform prior); ``"project"`` takes the closest
+    non-negative counts with the public total (:func:`project_counts`). The
+    noise is drawn from ``secret`` (:class:`rpwjax.keys.Secret`) under
+    ``purpose``; with ``keyed_by_epsilon`` each ε value gets its own noise,
+    keyed by the value's float64 bits (:func:`rpwjax.keys.epsilon_index`, not
+    its position in the grid, so one cell of a sweep can be rerun alone). A
+    1-d ``epsilon_prior`` gives a result with a leading axis.
     """
-    from rpwjax.keys import Secret
-    from rpwjax.noise import noisy_counts
-    from rpwjax.release_path import epsilon_index
+    from rpwjax.keys import check_secret, epsilon_index
 
     lo, hi = check_range(lo, hi)
     eps1 = check_epsilon(epsilon_prior, "epsilon_prior")
     if isinstance(bins, bool) or int(bins) != bins or bins < 1:
         raise InputError(f"bins must be a positive integer, got bins={bins!r}")
+    check_choice(projection, "projection", PROJECTIONS)
     bins = int(bins)
-    if not isinstance(secret, Secret):
-        raise InputError(f"secret must be an rpwjax.keys.Secret, got {type(secret).__name__}")
+    check_secret(secret)
     y = check_labels(labels, lo, hi, clip=clip)
     edges = np.linspace(lo, hi, bins + 1)
-    # np.histogram puts hi into the last bin; the counts are the only thing read from the labels
-    counts, _ = np.histogram(y, bins=edges)
     flat = eps1.reshape(-1)
-    noisy = np.stack([noisy_counts(counts, e, secret, "histogram", epsilon_index(e)) for e in flat]).astype(np.float64)
+    noisy = np.stack([histogram_release(y, edges, e, secret, purpose, *((epsilon_index(e),) if keyed_by_epsilon else ()))
+                      for e in flat]).astype(np.float64)
+    if projection == "project":
+        noisy = np.stack([project_counts(row, y.size) for row in noisy])
     noisy = np.maximum(noisy, 0.0)
     total = noisy.sum(axis=1, keepdims=True)
     mass = np.where(total > 0, noisy / np.where(total > 0, total, 1.0), 1.0 / bins)

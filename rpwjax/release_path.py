@@ -175,14 +175,9 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     return out[offset : offset + y.size]
 
 
-def epsilon_index(epsilon: float) -> int:
-    """A block-key index from an ε value's float64 bits (so one ε of a grid can be rerun alone)."""
-    return int(np.asarray(float(epsilon), np.float64).view(np.uint64))
-
-
 def release_grid(params: Mechanism, secret: Secret, labels, *, purpose: str = "labels") -> np.ndarray:
-    """:func:`release` for every ε of a batched fit: (E, n), ε ``e`` released with ``secret.child(purpose, bits(e))``."""
+    """:func:`release` for every ε of a batched fit: (E, n), ε ``e`` released with ``secret.for_epsilon(e, purpose)``."""
     eps = np.atleast_1d(np.asarray(params.epsilon, np.float64))
     if params.batch_shape == ():
-        return release(params, secret.child(purpose, epsilon_index(eps[0])), labels)[None, :]
-    return np.stack([release(params[i], secret.child(purpose, epsilon_index(e)), labels) for i, e in enumerate(eps)])
+        return release(params, secret.for_epsilon(eps[0], purpose), labels)[None, :]
+    return np.stack([release(params[i], secret.for_epsilon(e, purpose), labels) for i, e in enumerate(eps)])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from rpwjax import cli
 from rpwjax.audit import checks as audit_module
 from rpwjax.audit import realized
 from rpwjax.mechanisms.additive import Laplace, Staircase, gaussian_delta
@@ -205,21 +205,21 @@ def test_clopper_pearson_bounds():
 # --------------------------------------------------------------------------- command line and arguments
 
 
-def parse(argv):
-    parser = argparse.ArgumentParser(prog="rpwjax audit")
-    audit_module.add_arguments(parser)
-    return parser.parse_args(argv)
+def audit_cli(argv):
+    """``rpwjax audit ARGV`` through the command line's parser, errors raised (not printed)."""
+    args = cli.build_parser().parse_args(["audit", *argv])
+    return args.func(args)
 
 
 def test_cli_passes_and_prints_table(capsys):
-    assert audit_module.run(parse(["--mechanism", "laplace", "--samples", "20000"])) == 0
+    assert audit_cli(["--mechanism", "laplace", "--samples", "20000"]) == 0
     out = capsys.readouterr().out
     assert "laplace" in out and "claimed eps" in out and "NO" not in out
 
 
 def test_cli_fails_on_broken_mechanism(monkeypatch, capsys):
     monkeypatch.setattr(audit_module, "fit_example", lambda name, epsilon: halved_laplace(epsilon))
-    assert audit_module.run(parse(["--mechanism", "laplace", "--epsilon", "1", "--samples", "20000"])) == 1
+    assert audit_cli(["--mechanism", "laplace", "--epsilon", "1", "--samples", "20000"]) == 1
     assert "NO" in capsys.readouterr().out
 
 
@@ -228,7 +228,7 @@ def test_cli_reports_a_mechanism_that_cannot_be_fitted(monkeypatch, capsys):
         raise RuntimeError("no such solver")
 
     monkeypatch.setattr(audit_module, "fit_example", fail)
-    assert audit_module.run(parse(["--mechanism", "laplace", "--samples", "100"])) == 1
+    assert audit_cli(["--mechanism", "laplace", "--samples", "100"]) == 1
     assert "laplace at epsilon=1: could not be audited: RuntimeError: no such solver" in capsys.readouterr().out
 
 
@@ -244,7 +244,7 @@ def test_cli_reports_a_mechanism_that_cannot_be_fitted(monkeypatch, capsys):
 )
 def test_cli_bad_arguments(argv, named):
     with pytest.raises(InputError, match=named):
-        audit_module.run(parse(argv))
+        audit_cli(argv)
 
 
 def test_audit_mechanism_bad_arguments():
@@ -351,7 +351,7 @@ def test_key_space_check_catches_a_32_bit_key():
 def test_cli_json_one_object_per_mechanism_and_epsilon(capsys):
     import json
 
-    code = audit_module.run(parse(["--mechanism", "staircase", "--epsilon", "0.5", "2", "--samples", "20000", "--json"]))
+    code = audit_cli(["--mechanism", "staircase", "--epsilon", "0.5", "2", "--samples", "20000", "--json"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert code == 0
     assert [(r["mechanism"], r["epsilon"]) for r in lines] == [("staircase", 0.5), ("staircase", 2.0)]
@@ -366,6 +366,6 @@ def test_cli_json_fails_on_broken_mechanism(monkeypatch, capsys):
     import json
 
     monkeypatch.setattr(audit_module, "fit_example", lambda name, epsilon: halved_laplace(epsilon))
-    assert audit_module.run(parse(["--mechanism", "laplace", "--samples", "20000", "--json"])) == 1
+    assert audit_cli(["--mechanism", "laplace", "--samples", "20000", "--json"]) == 1
     (line,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert line["pass"] is False and line["realized_max_log_ratio"] > 1.9

@@ -5,24 +5,23 @@ results file, one sampling case per registered mechanism, ratios taken
 against the baseline of the same run, the targets section and the plots.
 """
 
-import argparse
 import json
 import math
 
 import numpy as np
 import pytest
 
-from rpwjax.bench import suite as bench
+from rpwjax import cli
+from rpwjax.bench import cases, plans
 from rpwjax.api import MECHANISMS
 
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    parser = argparse.ArgumentParser()
-    bench.add_arguments(parser)
-    args = parser.parse_args(["--plan", "tiny", "--out", str(out), "--cache", str(out / "cache"), "--quiet"])
-    code = bench.run(args)
+    args = cli.build_parser().parse_args(["bench", "--plan", "tiny", "--out", str(out), "--cache", str(out / "cache"),
+                                          "--quiet"])
+    code = args.func(args)
     return code, out, json.loads((out / "results.json").read_text())
 
 
@@ -35,7 +34,7 @@ def test_runs_every_case_without_error(bench_run):
 
 def test_results_structure(bench_run):
     _, _, results = bench_run
-    assert results["schema_version"] == bench.SCHEMA_VERSION
+    assert results["schema_version"] == plans.SCHEMA_VERSION
     assert results["plan"] == "tiny"
     machine = results["machine"]
     for key in ("cpu_count", "jax", "platform", "date", "backend"):
@@ -46,7 +45,7 @@ def test_results_structure(bench_run):
         if case["median_s"] is not None:
             assert case["median_s"] == pytest.approx(float(np.median(case["samples_s"])))
             assert len(case["samples_s"]) == case["repeats"]
-    assert {c["family"] for c in results["cases"]} == set(bench.FAMILIES)
+    assert {c["family"] for c in results["cases"]} == set(plans.FAMILIES)
 
 
 def test_every_registered_mechanism_has_a_sampling_case(bench_run):
@@ -71,7 +70,7 @@ def test_ratios_are_against_the_same_runs_baseline(bench_run):
 def test_targets_section(bench_run):
     _, _, results = bench_run
     targets = results["targets"]
-    assert set(targets) == {t["name"] for t in bench.TARGETS}
+    assert set(targets) == {t["name"] for t in plans.TARGETS}
     for t in targets.values():
         assert {"value", "threshold", "met"} <= set(t)
         assert t["value"] is not None and isinstance(t["met"], bool)
@@ -80,7 +79,7 @@ def test_targets_section(bench_run):
 
 def test_plots_exist(bench_run):
     _, out, results = bench_run
-    assert sorted(results["plots"]) == sorted(f"{f}.png" for f in bench.FAMILIES)
+    assert sorted(results["plots"]) == sorted(f"{f}.png" for f in plans.FAMILIES)
     for name in results["plots"]:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -89,17 +88,17 @@ def test_reference_reaches_the_exact_optimum():
     """The O(k³) reference and the exact search agree on the 'inside' objective (same histogram)."""
     from rpwjax.mechanisms.rpwithprior import fit_rpwithprior
 
-    algorithm1 = bench.load_reference()
-    prior = bench.histogram(12)
+    algorithm1 = cases.load_reference()
+    prior = cases.histogram(12)
     edges = np.concatenate([np.asarray(prior.left), np.asarray(prior.right)[-1:]])
-    zeta = bench.SEARCH_ZETA_FRACTION * (prior.hi - prior.lo)
+    zeta = plans.SEARCH_ZETA_FRACTION * (prior.hi - prior.lo)
     _, _, value_ref = algorithm1(edges, np.asarray(prior.mass), 1.0, zeta)
     _, info = fit_rpwithprior(prior, 1.0, zeta=zeta, objective="inside")
     assert float(info["objective_value"]) == pytest.approx(value_ref, rel=1e-9)
-    bench.clear_caches()
+    cases.clear_caches()
 
 
 def test_privatize_case_uses_the_cli_chunk_size():
     from rpwjax.privatize import DEFAULT_CHUNK_ROWS
 
-    assert bench.PRIVATIZE_CHUNK_ROWS == DEFAULT_CHUNK_ROWS
+    assert cases.PRIVATIZE_CHUNK_ROWS == DEFAULT_CHUNK_ROWS

@@ -8,9 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from rpwjax.experiments import training
+from rpwjax import training
 from rpwjax.errors import InputError
-from rpwjax.experiments.training import _epoch_many, adam_l2, init_mlp, mlp_apply, predict_many, test_mse_many, train_many
+from rpwjax.training import _epoch_many, adam_l2, init_mlp, mlp_apply, predict_many, test_mse_many, train_many
 
 FAST = dict(epochs=3, hidden=(16, 8))  # small and quick: the properties do not depend on size
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from rpwjax import InputError
-from rpwjax.pipelines import two_stage as twostage
+from rpwjax.pipelines import calibrated, linear_prior, residuals, statistics, two_stage
 from rpwjax.keys import Secret
-from rpwjax.posterior import posterior_mean
-from rpwjax.priors import histogram_prior
-from rpwjax.mechanisms.rpwithprior import fit_rpwithprior
+from rpwjax.posterior import posterior_mean, posterior_mean_per_row
+from rpwjax.priors import histogram_prior, histogram_release
+from rpwjax.mechanisms.rpwithprior import fit_rpwithprior, fit_rpwithprior_per_row
 from rpwjax.mechanisms.unbiased import fit_unbiased
 
 LO, HI = 0.0, 5.0
@@ -29,7 +29,7 @@ def _row(priors, i):
 def test_shifted_priors_are_the_residual_histogram_moved_and_cut_to_the_range(rng):
     edges, mass = _residual_hist(rng)
     centres = np.array([0.0, 1.3, 4.9, 5.0])
-    priors = twostage.shifted_priors(edges, mass, centres, LO, HI)
+    priors = residuals.shifted_priors(edges, mass, centres, LO, HI)
     assert np.allclose(np.asarray(priors.mass).sum(axis=1), 1.0)
     assert np.asarray(priors.left).min() >= LO and np.asarray(priors.right).max() <= HI
     # inside the range the density is the residual density at y - centre, up to the renormalisation
@@ -46,7 +46,7 @@ def test_shifted_priors_fall_back_when_no_mass_is_left_in_the_range():
     mass = np.zeros(10)
     mass[9] = 1.0  # all residual mass at +4..+5: nothing left inside [0, 5] for a centre at 4.5
     fallback = histogram_prior(np.linspace(LO, HI, 11), np.arange(1, 11))
-    priors = twostage.shifted_priors(edges, mass, np.array([4.5, 0.0]), LO, HI, fallback)
+    priors = residuals.shifted_priors(edges, mass, np.array([4.5, 0.0]), LO, HI, fallback)
     assert np.allclose(np.asarray(priors.mass)[0], np.asarray(fallback.mass))
     assert np.isclose(np.asarray(priors.mass)[1].sum(), 1.0)
 
@@ -54,8 +54,8 @@ def test_shifted_priors_fall_back_when_no_mass_is_left_in_the_range():
 def test_per_example_intervals_equal_the_exact_fit_on_each_row(rng):
     edges, mass = _residual_hist(rng)
     centres = np.array([0.2, 2.5, 4.7])
-    priors = twostage.shifted_priors(edges, mass, centres, LO, HI)
-    params = twostage.per_example_intervals(priors, 0.3, 1.2)
+    priors = residuals.shifted_priors(edges, mass, centres, LO, HI)
+    params = fit_rpwithprior_per_row(priors, 0.3, 1.2)
     for i in range(centres.size):
         alone, _ = fit_rpwithprior(_row(priors, i), 1.2, zeta=0.3)
         assert params.a1[i] == pytest.approx(float(alone.a1), abs=1e-9)
@@ -66,18 +66,18 @@ def test_per_example_intervals_equal_the_exact_fit_on_each_row(rng):
 def test_per_row_posterior_equals_the_one_prior_posterior(rng):
     edges, mass = _residual_hist(rng)
     centres = rng.uniform(LO, HI, 6)
-    priors = twostage.shifted_priors(edges, mass, centres, LO, HI)
-    rp = twostage.per_example_intervals(priors, 0.25, 0.8)
+    priors = residuals.shifted_priors(edges, mass, centres, LO, HI)
+    rp = fit_rpwithprior_per_row(priors, 0.25, 0.8)
     y = rng.uniform(LO, HI, 6)
     noisy = np.asarray(rp.sample(jax.random.key(0), jnp.asarray(y)))
-    got = twostage.posterior_mean_per_example(rp, priors, noisy)
+    got = posterior_mean_per_row(rp, priors, noisy)
     for i in range(6):
         one = jax.tree_util.tree_map(lambda v: np.asarray(v)[i], rp)
         assert got[i] == pytest.approx(float(posterior_mean(one, _row(priors, i), noisy[i:i + 1])[0]), rel=1e-9)
     # a discrete mechanism shared by all rows
     unb, _ = fit_unbiased(histogram_prior(np.linspace(LO, HI, 9), np.ones(8)), 1.0)
     out = np.asarray(unb.sample(jax.random.key(1), jnp.asarray(y)))
-    got = twostage.posterior_mean_per_example(unb, priors, out)
+    got = posterior_mean_per_row(unb, priors, out)
     for i in range(6):
         assert got[i] == pytest.approx(float(posterior_mean(unb, _row(priors, i), out[i:i + 1])[0]), rel=1e-9)
     assert np.all((got >= LO) & (got <= HI))
@@ -88,7 +88,7 @@ def test_tilt_hits_the_private_mean_and_keeps_the_shape_ordering(rng):
     mass = rng.random(10)
     mass /= mass.sum()
     for target in (0.7, 2.5, 4.1):
-        tilted = twostage._tilt_to_mean(left, right, mass, target)
+        tilted = calibrated._tilt_to_mean(left, right, mass, target)
         assert np.isclose(tilted.sum(), 1.0)
         assert np.sum(tilted * 0.5 * (left + right)) == pytest.approx(target, abs=1e-9)
         ratio = tilted / mass  # an exponential tilt: log ratio linear in the bin centre
@@ -134,7 +134,7 @@ def test_noisy_counts_add_exact_discrete_laplace_noise_of_rate_eps_over_2():
 
     edges = np.linspace(LO, HI, 5001)
     values = np.repeat(0.5 * (edges[:-1] + edges[1:]), 7)  # 7 values in every bin
-    noisy = twostage.noisy_counts(values, edges, 1.5, Secret.from_seed(0))
+    noisy = histogram_release(values, edges, 1.5, Secret.from_seed(0))
     assert noisy.shape == (5000,)
     z = noisy - 7
     assert_discrete_laplace(z, 0.75)
@@ -147,8 +147,8 @@ def test_noisy_counts_add_exact_discrete_laplace_noise_of_rate_eps_over_2():
     assert probs.sum() == pytest.approx(1.0, abs=1e-12)
     assert stats.chisquare(observed, probs * z.size).pvalue > 1e-3
     # the same secret reproduces the release, another secret does not
-    np.testing.assert_array_equal(twostage.noisy_counts(values, edges, 1.5, Secret.from_seed(0)), noisy)
-    assert not np.array_equal(twostage.noisy_counts(values, edges, 1.5, Secret.from_seed(1)), noisy)
+    np.testing.assert_array_equal(histogram_release(values, edges, 1.5, Secret.from_seed(0)), noisy)
+    assert not np.array_equal(histogram_release(values, edges, 1.5, Secret.from_seed(1)), noisy)
     # the exact sampler keeps the shape of the counts it is given (noise in flat order)
     from rpwjax.noise import noisy_counts as exact_noisy_counts
 
@@ -161,8 +161,8 @@ def test_noisy_counts_add_exact_discrete_laplace_noise_of_rate_eps_over_2():
 def test_private_mean_noise_is_discrete_laplace_on_the_rounded_sum():
     n, eps = 1000, 0.5
     y = np.full(n, 2.0)
-    draws = np.array([twostage.private_mean(y, LO, HI, eps, Secret.from_seed(s)) for s in range(4000)])
-    r = twostage.MEAN_RESOLUTION
+    draws = np.array([statistics.private_mean(y, LO, HI, eps, Secret.from_seed(s)) for s in range(4000)])
+    r = statistics.MEAN_RESOLUTION
     # the released mean is lo + (hi - lo)(Σ q_i + Z)/(R n), q_i = round(R (y_i - lo)/(hi - lo))
     total = n * np.rint(r * (2.0 - LO) / (HI - LO))
     z = (draws - LO) / (HI - LO) * r * n - total
@@ -170,7 +170,7 @@ def test_private_mean_noise_is_discrete_laplace_on_the_rounded_sum():
     # in label units: the Laplace scale (hi - lo)/(n ε) of the continuous mechanism, mean |noise| = scale
     scale = (HI - LO) / (n * eps)
     assert np.mean(np.abs(draws - 2.0)) == pytest.approx(scale, rel=4 / np.sqrt(draws.size))  # sd |Lap(b)| = b
-    assert twostage.private_mean(y, LO, HI, eps, Secret.from_seed(7)) == draws[7]
+    assert statistics.private_mean(y, LO, HI, eps, Secret.from_seed(7)) == draws[7]
 
 
 def _data(rng, n=600):
@@ -182,8 +182,8 @@ def _data(rng, n=600):
 @pytest.mark.parametrize("stage2", ["rpwithprior", "unbiased"])
 def test_two_stage_accounting_and_per_label_privacy(stage2, rng):
     x, y = _data(rng)
-    cfg = twostage.TwoStageConfig(stage2=stage2, fraction=0.4)
-    run = twostage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(5), config=cfg, epochs=3)
+    cfg = two_stage.TwoStageConfig(stage2=stage2, fraction=0.4)
+    run = two_stage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(5), config=cfg, epochs=3)
     rec = run.record
     for part in ("part_a", "part_b"):
         spent = rec[part].get("prior_histogram_epsilon", rec[part].get("residual_histogram_epsilon"))
@@ -212,7 +212,7 @@ def test_two_stage_accounting_and_per_label_privacy(stage2, rng):
 
 def test_two_stage_denoised_labels_beat_the_raw_stage_outputs_on_an_easy_problem(rng):
     x, y = _data(rng, n=2000)
-    run = twostage.two_stage_labels(x, y, LO, HI, 2.0, secret=Secret.from_seed(1), epochs=20)
+    run = two_stage.two_stage_labels(x, y, LO, HI, 2.0, secret=Secret.from_seed(1), epochs=20)
     b = run.part_b
     assert np.mean((run.labels[b] - y[b]) ** 2) < np.mean((run.stage2_outputs - y[b]) ** 2)
     # the feature-aware labels are closer to the truth than the mechanism's raw outputs on part A too
@@ -222,24 +222,24 @@ def test_two_stage_denoised_labels_beat_the_raw_stage_outputs_on_an_easy_problem
 
 def test_two_stage_is_reproducible_and_rejects_bad_settings(rng):
     x, y = _data(rng, n=200)
-    a = twostage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(2), epochs=2).labels
-    b = twostage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(2), epochs=2).labels
+    a = two_stage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(2), epochs=2).labels
+    b = two_stage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(2), epochs=2).labels
     assert np.array_equal(a, b)
-    c = twostage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(3), epochs=2).labels
+    c = two_stage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(3), epochs=2).labels
     assert not np.array_equal(a, c)
     with pytest.raises(InputError, match="Secret"):
-        twostage.TwoStageRun(y, LO, HI, 1.0, 2)  # an integer seed is not a secret
+        two_stage.TwoStageRun(y, LO, HI, 1.0, 2)  # an integer seed is not a secret
     with pytest.raises(InputError, match="fraction"):
-        twostage.TwoStageConfig(fraction=1.0).validate()
+        two_stage.TwoStageConfig(fraction=1.0).validate()
     with pytest.raises(InputError, match="stage2"):
-        twostage.TwoStageConfig(stage2="laplace").validate()
+        two_stage.TwoStageConfig(stage2="laplace").validate()
     with pytest.raises(InputError, match="features"):
-        twostage.two_stage_labels(x[:10], y, LO, HI, 1.0, secret=Secret.from_seed(2), epochs=1)
+        two_stage.two_stage_labels(x[:10], y, LO, HI, 1.0, secret=Secret.from_seed(2), epochs=1)
 
 
 def test_calibrated_denoising_at_small_epsilon_recovers_the_mean(rng):
     y = np.clip(rng.gamma(2.0, 0.6, 20_000), LO, HI)
-    labels, record = twostage.calibrated_denoised(y, LO, HI, 0.05, secret=Secret.from_seed(0))
+    labels, record = calibrated.calibrated_denoised(y, LO, HI, 0.05, secret=Secret.from_seed(0))
     assert record["prior_epsilon"] + record["mechanism_epsilon"] == pytest.approx(0.05)
     # private mean with eps/4: discrete Laplace noise of scale about 5/(20000*0.0125) = 0.02
     assert abs(labels.mean() - y.mean()) < 0.15
@@ -247,7 +247,7 @@ def test_calibrated_denoising_at_small_epsilon_recovers_the_mean(rng):
 
 def test_public_design_bounds_every_row_and_keeps_an_intercept(rng):
     x = rng.normal(size=(500, 12)) * np.arange(1, 13)
-    design, bound = twostage.public_design(x, components=4)
+    design, bound = statistics.public_design(x, components=4)
     assert design.shape == (500, 5)
     assert np.all(np.abs(design).sum(axis=1) <= bound + 1e-9)
     assert np.all(design[:, 0] > 0)  # the intercept column (scaled down only on clipped rows)
@@ -256,14 +256,14 @@ def test_public_design_bounds_every_row_and_keeps_an_intercept(rng):
 def test_private_linear_fit_recovers_the_least_squares_fit_at_large_epsilon_and_adds_discrete_laplace_noise(rng):
     x = rng.normal(size=(4000, 3))
     y = np.clip(2.5 + x @ np.array([0.8, -0.4, 0.2]) + 0.2 * rng.normal(size=4000), LO, HI)
-    design, bound = twostage.public_design(x, components=3)
+    design, bound = statistics.public_design(x, components=3)
     ols = np.linalg.lstsq(design, y - 2.5, rcond=None)[0]
-    theta, centre = twostage.private_linear_fit(design, y, LO, HI, 1e4, Secret.from_seed(0), bound=bound)
+    theta, centre = statistics.private_linear_fit(design, y, LO, HI, 1e4, Secret.from_seed(0), bound=bound)
     assert centre == 2.5 and np.allclose(theta, ols, atol=1e-3)
     # at small ε the release is noisy: Xᵀ(y - c) in integer units of (hi - lo)·bound/R, plus discrete
     # Laplace noise of rate ε/(R + d) per coordinate (R = STATISTIC_RESOLUTION, d = 4 columns)
-    eps, d, r = 0.5, design.shape[1], twostage.STATISTIC_RESOLUTION
-    thetas = np.array([twostage.private_linear_fit(design, y, LO, HI, eps, Secret.from_seed(s), bound=bound)[0]
+    eps, d, r = 0.5, design.shape[1], statistics.STATISTIC_RESOLUTION
+    thetas = np.array([statistics.private_linear_fit(design, y, LO, HI, eps, Secret.from_seed(s), bound=bound)[0]
                        for s in range(1000)])
     unit = (HI - LO) * bound / r
     b = (HI - LO) * bound / eps * (1 + d / r)
@@ -278,14 +278,14 @@ def test_private_linear_fit_recovers_the_least_squares_fit_at_large_epsilon_and_
 
 def test_linear_prior_labels_accounting_and_per_row_privacy(rng):
     x, y = _data(rng, n=1500)
-    labels, record = twostage.linear_prior_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(4))
+    labels, record = linear_prior.linear_prior_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(4))
     spent = record["statistics_epsilon"] + record["residual_histogram_epsilon"] + record["mechanism_epsilon"]
     assert spent == pytest.approx(1.0) and record["per_label_epsilon"] == 1.0
     assert labels.shape == y.shape and np.all((labels >= LO) & (labels <= HI))
     # with a good linear model the denoised labels are much closer than the label spread
     assert np.mean((labels - y) ** 2) < 0.5 * np.var(y)
     with pytest.raises(InputError, match="features"):
-        twostage.linear_prior_labels(x[:5], y, LO, HI, 1.0, secret=Secret.from_seed(4))
+        linear_prior.linear_prior_labels(x[:5], y, LO, HI, 1.0, secret=Secret.from_seed(4))
 
 
 def _table(tmp_path, rng, n=400):

@@ -91,7 +91,6 @@ record verifies and every check passes.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from typing import Any, Sequence
@@ -701,27 +700,95 @@ def audit(
     ]
 
 
-# --------------------------------------------------------------------------- command line
+# --------------------------------------------------------------------------- runs and their text
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``rpwjax audit``."""
-    parser.add_argument("--mechanism", default=None, help="mechanism to audit, or 'all' (default)")
-    parser.add_argument(
-        "--epsilon", type=float, nargs="+", default=None,
-        help=f"one or more epsilons to fit and audit (default {DEFAULT_EPSILON:g})"
+def run_audit(mechanisms=None, epsilons=None, *, samples: int = DEFAULT_SAMPLES, seed: int = 0) -> dict:
+    """Audit registered mechanisms on the example prior at one or more ε.
+
+    Returns ``{"reports", "broken", "keys", "pass"}``: one :class:`AuditReport` per (mechanism, ε); a
+    mechanism that cannot be fitted or audited is reported in ``broken`` (the others are still audited);
+    ``keys`` is the key-derivation check (:func:`rpwjax.audit.realized.key_space_check`). Bad arguments
+    raise :class:`~rpwjax.errors.InputError`.
+    """
+    eps = np.atleast_1d(check_epsilon(epsilons if epsilons is not None else [DEFAULT_EPSILON]))
+    samples = _check_count(samples, "samples")
+    seed = _check_count(seed, "seed", 0)
+    names = _names(mechanisms if mechanisms is not None else "all")
+    keys = realized.key_space_check()
+    reports, broken = [], []
+    for name in names:
+        for e in eps:
+            try:
+                reports += audit([name], float(e), samples, seed)
+            except Exception as err:  # noqa: BLE001 - the arguments are valid: this mechanism is broken, not the call
+                broken.append(f"{name} at epsilon={e:g}: could not be audited: {type(err).__name__}: {err}")
+    ok = bool(reports and not broken and keys["pass"] and all(r.passed for r in reports))
+    return {"reports": reports, "broken": broken, "keys": keys, "pass": ok}
+
+
+def audit_params_file(path, *, samples: int = DEFAULT_SAMPLES, seed: int = 0) -> dict:
+    """Audit a saved fit: the record's verification (:func:`rpwjax.audit.verify.check_record`) and the
+    exact, realized and empirical checks of its parameters, against the epsilon_mechanism and delta it states.
+
+    Returns ``{"report", "record", "broken", "keys", "pass"}`` (``report`` is None when the parameters
+    do not parse).
+    """
+    from rpwjax import io
+    from rpwjax.audit import verify
+
+    samples = _check_count(samples, "samples")
+    seed = _check_count(seed, "seed", 0)
+    params, record = verify.check_record(io.read_json(path))
+    keys = realized.key_space_check()
+    report, broken = None, []
+    if params is not None:
+        try:
+            report = audit_mechanism(params, samples=samples, seed=seed, name=record["mechanism"])
+            report = _judged_against(report, record["epsilon_mechanism"], record["delta"])
+        except Exception as err:  # noqa: BLE001 - parameters that break the audit fail it
+            broken.append(f"{path}: could not be audited: {type(err).__name__}: {err}")
+    ok = bool(record["pass"] and report is not None and report.passed and not broken and keys["pass"])
+    return {"report": report, "record": record, "broken": broken, "keys": keys, "pass": ok}
+
+
+def legend(samples: int, keys: dict) -> str:
+    """What each column of :func:`format_table` means (printed under the table)."""
+    return (
+        f"exact: max log density ratio of the ideal density over a grid of labels and outputs, pass iff <= "
+        f"eps + {RATIO_TOLERANCE:g}; (eps, delta)-DP mechanisms: delta(eps) of the privacy-loss profile <= delta."
+        f"\nrealized: the exact probability of every value the release path can emit (2^52 uniforms, bisection "
+        f"on the monotone sampler), max log ratio over labels, pass iff <= eps + {realized.REALIZED_TOLERANCE:g} "
+        f"(Gaussian: realized delta <= delta)."
+        f"\nempirical: {samples} released samples at each of two labels, Clopper-Pearson + Bonferroni lower bound "
+        f"on eps at {DEFAULT_CONFIDENCE:.1%} confidence, fail iff > claimed eps."
+        f"\ngrid: the public output grid (none: discrete outputs); every released value lies on it and in the "
+        f"sidecar's output_range. release MSE change: label MSE of the release against the ideal mechanism."
+        f"\nkeys: {keys['key_bits']}-bit block keys, every secret bit reaches them: "
+        f"{'yes' if keys['pass'] else 'NO'}"
     )
-    parser.add_argument(
-        "--params", default=None, metavar="FILE",
-        help="audit a saved fit (`rpwjax fit --save`) instead of fitting the example prior: its record is verified "
-             "(rpwjax.audit.verify: fields agree, guarantee recomputed from the parameters) and its parameters get the "
-             "exact, realized and empirical checks against the epsilon and delta the file states",
-    )
-    parser.add_argument(
-        "--samples", type=int, default=DEFAULT_SAMPLES, help=f"outputs sampled per label (default {DEFAULT_SAMPLES})"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0; the audit has nothing to hide)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object per (mechanism, epsilon), one per line")
+
+
+def record_lines(path, record: dict) -> list[str]:
+    """A verified params record in words (``rpwjax audit --params``)."""
+    recomputed = record.get("epsilon_mechanism_recomputed")
+    lines = [f"record: {path}: states epsilon={record['epsilon']} (prior {record['epsilon_prior']} + mechanism "
+             f"{record['epsilon_mechanism']}), delta={record['delta']}, prior {record['prior']}; recomputed from the "
+             f"parameters: epsilon_mechanism={recomputed}; checks "
+             + ", ".join(f"{k}={'skipped' if v is None else 'yes' if v else 'NO'}" for k, v in record["checks"].items())
+             + f"; verified: {'yes' if record['pass'] else 'NO'}"]
+    return lines + [f"record: {problem}" for problem in record["problems"]]
+
+
+def problem_lines(reports, keys, broken) -> list[str]:
+    """Every failed check, one line each."""
+    out = []
+    for r in reports:
+        for stage in ("exact", "realized", "empirical", "output_grid"):
+            for problem in r.details[stage].get("problems", []):
+                out.append(f"{r.mechanism} (epsilon={r.epsilon:g}): {stage}: {problem}")
+    out += [f"keys: {problem}" for problem in keys["problems"]]
+    return out + list(broken)
 
 
 def format_table(reports: Sequence[AuditReport]) -> str:
@@ -760,63 +827,6 @@ def format_table(reports: Sequence[AuditReport]) -> str:
     return "\n".join([line(head), line(["-" * w for w in widths]), *map(line, rows)])
 
 
-def run(args: argparse.Namespace) -> int:
-    """``rpwjax audit``: print the table (or JSON lines) and every problem; 0 iff every check passes.
-
-    Bad arguments raise :class:`~rpwjax.errors.InputError`. A mechanism that
-    cannot be fitted or audited (e.g. its module fails to import) is reported
-    and makes the exit code 1; the others are still audited. The key
-    derivation is checked once (:func:`rpwjax.audit.realized.key_space_check`).
-    """
-    import json
-
-    if getattr(args, "params", None) is not None:
-        return _run_params(args)
-    eps = np.atleast_1d(check_epsilon(args.epsilon if args.epsilon is not None else [DEFAULT_EPSILON]))
-    samples = _check_count(args.samples, "samples")
-    seed = _check_count(getattr(args, "seed", 0), "seed", 0)
-    names = _names(args.mechanism if args.mechanism is not None else "all")
-    keys = realized.key_space_check()
-    reports, broken = [], []
-    for name in names:
-        for e in eps:
-            try:
-                reports += audit([name], float(e), samples, seed)
-            except Exception as err:  # noqa: BLE001 - the arguments are valid: this mechanism is broken, not the call
-                broken.append(f"{name} at epsilon={e:g}: could not be audited: {type(err).__name__}: {err}")
-    if getattr(args, "json", False):
-        for r in reports:
-            obj = r.to_json()
-            obj["key_check_pass"] = keys["pass"]
-            obj["pass"] = obj["pass"] and keys["pass"]
-            print(json.dumps(obj))
-        for line in broken:
-            print(json.dumps({"error": line, "pass": False}))
-    else:
-        if reports:
-            print(format_table(reports))
-        _print_legend(samples, keys)
-        _print_problems(reports, keys, broken)
-    ok = reports and not broken and keys["pass"] and all(r.passed for r in reports)
-    return 0 if ok else 1
-
-
-def _print_legend(samples: int, keys: dict) -> None:
-    print(
-        f"\nexact: max log density ratio of the ideal density over a grid of labels and outputs, pass iff <= "
-        f"eps + {RATIO_TOLERANCE:g}; (eps, delta)-DP mechanisms: delta(eps) of the privacy-loss profile <= delta."
-        f"\nrealized: the exact probability of every value the release path can emit (2^52 uniforms, bisection "
-        f"on the monotone sampler), max log ratio over labels, pass iff <= eps + {realized.REALIZED_TOLERANCE:g} "
-        f"(Gaussian: realized delta <= delta)."
-        f"\nempirical: {samples} released samples at each of two labels, Clopper-Pearson + Bonferroni lower bound "
-        f"on eps at {DEFAULT_CONFIDENCE:.1%} confidence, fail iff > claimed eps."
-        f"\ngrid: the public output grid (none: discrete outputs); every released value lies on it and in the "
-        f"sidecar's output_range. release MSE change: label MSE of the release against the ideal mechanism."
-        f"\nkeys: {keys['key_bits']}-bit block keys, every secret bit reaches them: "
-        f"{'yes' if keys['pass'] else 'NO'}"
-    )
-
-
 def _judged_against(report: AuditReport, eps2, delta) -> AuditReport:
     """``report`` re-judged against the epsilon_mechanism and delta a params file states (its checks ran at
     ``params.epsilon``; a file whose two disagree must fail at the stated, smaller one)."""
@@ -832,58 +842,3 @@ def _judged_against(report: AuditReport, eps2, delta) -> AuditReport:
     return dataclasses.replace(report, epsilon=float(eps2), delta=report.delta if report.pure else float(delta),
                                exact_pass=bool(exact_pass), realized_pass=bool(realized_pass),
                                empirical_pass=bool(empirical_pass))
-
-
-def _run_params(args: argparse.Namespace) -> int:
-    """``rpwjax audit --params FILE``: the record's verification (:func:`rpwjax.audit.verify.check_record`) and the
-    exact, realized and empirical checks of its parameters, against the epsilon_mechanism and delta it states."""
-    import json
-
-    from rpwjax import io
-    from rpwjax.audit import verify
-
-    if args.mechanism is not None or args.epsilon is not None:
-        raise InputError("give either --params FILE or --mechanism/--epsilon, not both: a saved fit states its own "
-                         "mechanism and epsilon")
-    samples = _check_count(args.samples, "samples")
-    seed = _check_count(getattr(args, "seed", 0), "seed", 0)
-    params, record = verify.check_record(io.read_json(args.params))
-    keys = realized.key_space_check()
-    report, broken = None, []
-    if params is not None:
-        try:
-            report = audit_mechanism(params, samples=samples, seed=seed, name=record["mechanism"])
-            report = _judged_against(report, record["epsilon_mechanism"], record["delta"])
-        except Exception as err:  # noqa: BLE001 - parameters that break the audit fail it
-            broken.append(f"{args.params}: could not be audited: {type(err).__name__}: {err}")
-    ok = bool(record["pass"] and report is not None and report.passed and not broken and keys["pass"])
-    if getattr(args, "json", False):
-        obj = report.to_json() if report is not None else {"mechanism": record["mechanism"]}
-        obj.update(params_file=str(args.params), record_pass=record["pass"], record_problems=record["problems"],
-                   verified=record, key_check_pass=keys["pass"], errors=broken, **{"pass": ok})
-        print(json.dumps(obj))
-        return 0 if ok else 1
-    if report is not None:
-        print(format_table([report]))
-    _print_legend(samples, keys)
-    recomputed = record.get("epsilon_mechanism_recomputed")
-    print(f"record: {args.params}: states epsilon={record['epsilon']} (prior {record['epsilon_prior']} + mechanism "
-          f"{record['epsilon_mechanism']}), delta={record['delta']}, prior {record['prior']}; recomputed from the "
-          f"parameters: epsilon_mechanism={recomputed}; checks "
-          + ", ".join(f"{k}={'skipped' if v is None else 'yes' if v else 'NO'}" for k, v in record["checks"].items())
-          + f"; verified: {'yes' if record['pass'] else 'NO'}")
-    for problem in record["problems"]:
-        print(f"record: {problem}")
-    _print_problems([report] if report is not None else [], keys, broken)
-    return 0 if ok else 1
-
-
-def _print_problems(reports, keys, broken):
-    for r in reports:
-        for stage in ("exact", "realized", "empirical", "output_grid"):
-            for problem in r.details[stage].get("problems", []):
-                print(f"{r.mechanism} (epsilon={r.epsilon:g}): {stage}: {problem}")
-    for problem in keys["problems"]:
-        print(f"keys: {problem}")
-    for line in broken:
-        print(line)

@@ -429,10 +429,12 @@ def check_record(record, *, exact: bool = True, realized: bool = True, stop_earl
     skipped once the fields or the recomputed guarantee have failed. A value
     that is not a fit record at all raises :class:`InputError`.
     """
-    from rpwjax.api import _entry, load_params, one_record
+    from rpwjax.api import load_params, one_record
+    from rpwjax.mechanisms import entry
 
     record = one_record(record)
-    _, cls, uses_prior = _entry(record["mechanism"])
+    row = entry(record["mechanism"])
+    cls, uses_prior = row.params, row.uses_prior
     problems: list[str] = []
     stages: dict[str, bool] = {}
 

@@ -1,1 +1,48 @@
-"""bench"""
+r"""Runtime benchmarks: ``rpwjax bench [--quick] --out DIR``.
+
+One table of cases serves both runners: this module's own timing loop (the
+``rpwjax bench`` command, which writes ``DIR/results.json`` and plots) and the
+pytest-benchmark suite in ``benchmarks/`` (which wraps the same cases with the
+``benchmark`` fixture). A case is a :class:`Member` of a :class:`Group`; a
+group is one (family, size) point, and its members are timed *interleaved*
+(repeat r of every member, then repeat r + 1, ...) so that a case and its
+baseline see the same machine state. Every ratio is ``median(case) /
+median(baseline)`` from the same group of the same run.
+
+Families and what they measure (sizes per plan in :data:`PLANS`):
+
+* ``sampling`` (size: labels n): the release path
+  (:func:`rpwjax.release_path.release`: float64, grid, clamp, hash-derived block
+  keys, host array in and out) for every registered mechanism, against the
+  floor ``jax.random.uniform`` of n float64 values on the device (a one-draw
+  sampler cannot beat it).
+* ``search-labels`` (size: labels): the exact interval search
+  (``fit_rpwithprior`` with a fixed ζ, one ε) on an empirical prior of
+  continuous labels (every label distinct) and of Criteo-shaped zero-inflated
+  labels.
+* ``search-histogram`` (size: bins k): the same search on a k-bin histogram
+  prior, both objectives, next to the paper's O(k³) loop
+  (:mod:`rpwjax.mechanisms.reference_algorithm1`) on the ``"inside"`` objective.
+* ``search-epsilons`` (size: number of ε): the fixed-ζ fit vmapped over an ε
+  grid, on one large continuous prior.
+* ``fit-support`` (size: support points k): ``fit_rr_on_bins`` and
+  ``fit_unbiased`` (whole public fit, one ε).
+* ``privatize`` (size: rows): ``privatize_file`` (RPWithPrior, Parquet in and
+  out, no progress bar) against a plain pyarrow copy of the same file
+  (``ParquetFile.iter_batches`` + ``ParquetWriter``, same chunk size).
+
+Timing: a warm-up call (compiles; reported as ``warmup_s``), a calibration
+call that sets how many calls make one sample (at least ``min_sample_s``),
+then ``repeats`` samples; the median is reported. Every timed call ends in
+``block_until_ready`` (or returns host data). Numbers are wall-clock seconds
+(``time.perf_counter``) on whatever backend JAX runs on, recorded with the
+machine's load average: on a busy machine they are upper bounds.
+"""
+
+
+from rpwjax.bench.plans import FAMILIES, PLANS, TARGETS, Plan
+from rpwjax.bench.cases import Group, Member, build_groups
+from rpwjax.bench.report import evaluate_targets, run_plan, summary
+
+__all__ = ["FAMILIES", "Group", "Member", "PLANS", "Plan", "TARGETS", "build_groups", "evaluate_targets", "run_plan",
+           "summary"]

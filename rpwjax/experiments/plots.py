@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rpwjax.api import MECHANISMS
+from rpwjax.mechanisms import MECHANISMS
 from rpwjax.experiments.sweeps import NON_PRIVATE, mechanism_label, mechanism_order, summarize
 
 

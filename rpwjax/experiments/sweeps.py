@@ -3,7 +3,7 @@
 One sweep = data set x mechanisms x ε grid x seeds. Each mechanism is fitted
 over the whole ε grid in one vmapped call; every (mechanism, ε, seed) draws
 its own noisy copy of the training labels; then ALL models train together in
-one vmapped training run (:func:`rpwjax.experiments.training.train_many`), in slices of
+one vmapped training run (:func:`rpwjax.training.train_many`), in slices of
 at most ``max_models``. Test MSE is measured on the TRUE test labels.
 
 Reproducibility: randomness derives from (seed, mechanism, ε value), never
@@ -26,8 +26,9 @@ from rpwjax import api
 from rpwjax.experiments.datasets import Split
 from rpwjax.errors import InputError, check_epsilon
 from rpwjax.keys import Secret
+from rpwjax.pipelines import PIPELINES
 from rpwjax.release_path import release_grid
-from rpwjax.experiments.training import test_mse_many, train_many
+from rpwjax.training import test_mse_many, train_many
 
 PAPER_EPSILONS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 4.0, 8.0)
 NON_PRIVATE = "non-private"
@@ -67,41 +68,29 @@ class SweepConfig:
         return self
 
 
-# beyond-the-paper pipelines (rpwjax.pipelines.two_stage): name -> settings
-VARIANTS = {
-    "rpwithprior+calibrated": {"prior_fraction": 0.5},
-    "linear-prior": {"stats_fraction": 0.4, "prior_fraction": 0.1},
-    "two-stage": {"stage1": "unbiased", "stage2": "rpwithprior", "fraction": 0.5},
-    "two-stage-rpwithprior": {"stage1": "rpwithprior", "stage2": "rpwithprior", "fraction": 0.5},
-    "two-stage-unbiased": {"stage1": "unbiased", "stage2": "unbiased", "fraction": 0.3},
-}
+# beyond-the-paper pipelines: the registry's names (rpwjax.pipelines.PIPELINES)
+VARIANTS = PIPELINES
 
 
 def _variant_jobs(split: Split, config: SweepConfig, name: str, eps: np.ndarray, bar=None) -> list[tuple]:
     """(name, ε, seed, labels, label mse, seconds per label set, 0) for every ε and seed of a variant."""
-    from rpwjax.pipelines import two_stage as twostage
+    from rpwjax.pipelines.two_stage import TwoStageRun, train_runs
 
     y = split.y_train
     jobs = []
-    settings = VARIANTS[name]
+    row = PIPELINES[name]
     for seed in range(config.seeds):
         start = time.perf_counter()
-        if name == "rpwithprior+calibrated":
-            labels = [twostage.calibrated_denoised(y, split.lo, split.hi, e, secret=Secret.from_seed(30_000 + seed),
-                                                   prior_fraction=settings["prior_fraction"], bins=config.bins)[0]
-                      for e in eps]
-        elif name == "linear-prior":
-            labels = [twostage.linear_prior_labels(split.x_train, y, split.lo, split.hi, e,
-                                                   secret=Secret.from_seed(30_000 + seed),
-                                                   **settings)[0]
-                      for e in eps]
-        else:
-            cfg = twostage.TwoStageConfig(bins=config.bins, **settings)
-            runs = [twostage.TwoStageRun(y, split.lo, split.hi, e, Secret.from_seed(30_000 + seed), cfg) for e in eps]
+        secret = Secret.from_seed(30_000 + seed)
+        if row.kind == "two-stage":
+            cfg = row.two_stage_config(config.bins)
+            runs = [TwoStageRun(y, split.lo, split.hi, e, secret, cfg) for e in eps]
             # every run of this seed shares the A/B split, so their stage models train together
-            runs = twostage.train_runs(runs, split.x_train, epochs=config.epochs, model_seed=40_000 + 10 * seed,
-                                       split_seed=50_000 + 10 * seed)
+            runs = train_runs(runs, split.x_train, epochs=config.epochs, model_seed=40_000 + 10 * seed,
+                              split_seed=50_000 + 10 * seed)
             labels = [run.labels for run in runs]
+        else:
+            labels = [row.run(split.x_train, y, split.lo, split.hi, e, secret=secret, bins=config.bins)[0] for e in eps]
         seconds = (time.perf_counter() - start) / eps.size
         for e, lab in zip(eps, labels):
             jobs.append((name, float(e), seed, np.asarray(lab, np.float32), float(np.mean((lab - y) ** 2)), seconds, 0.0))

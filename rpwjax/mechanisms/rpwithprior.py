@@ -274,3 +274,41 @@ def fit_rpwithprior(prior: Prior, epsilon, *, zeta="auto", objective: str = "nei
         params = params[0]
         info = {k: v[0] for k, v in info.items()}
     return params, info
+
+
+# --------------------------------------------------------------------------- the per-row form
+
+_ROW_CHUNK = 2048  # rows per compiled call
+
+
+def _rows(prior: Prior, start: int, stop: int) -> Prior:
+    return jax.tree_util.tree_map(lambda v: jnp.asarray(v)[start:stop], prior)
+
+
+@jax.jit
+def _intervals(priors, zeta, epsilon):
+    def one(p):
+        tables = interval_search.make_tables(p, zeta, "neighborhood")
+        a, b, _ = interval_search.search(tables, p, zeta, "neighborhood", epsilon)
+        return a, b
+
+    return jax.vmap(one)(priors)
+
+
+def fit_rpwithprior_per_row(priors: Prior, zeta: float, epsilon: float) -> RPWithPrior:
+    """The per-row form: one exact interval per row of a batched prior (shared ζ and ε), params batched over rows.
+
+    Each row's (A1, A2) is the exact optimum of neighbourhood preservation under its own prior (the
+    same Dinkelbach search as :func:`fit_rpwithprior`, vmapped over rows in chunks of rows). The
+    feature-aware pipelines use it with one prior per training row (:mod:`rpwjax.pipelines`).
+    """
+    n = int(np.shape(priors.mass)[0])
+    a1, a2 = [], []
+    with jax.enable_x64(True):
+        for i in range(0, n, _ROW_CHUNK):
+            a, b = _intervals(_rows(priors, i, i + _ROW_CHUNK), jnp.float64(zeta), jnp.float64(epsilon))
+            a1.append(np.asarray(a))
+            a2.append(np.asarray(b))
+    a1 = np.concatenate(a1) if a1 else np.zeros(0)
+    a2 = np.concatenate(a2) if a2 else np.zeros(0)
+    return RPWithPrior(np.full(n, float(epsilon)), np.full(n, float(zeta)), a1, a2, priors.lo, priors.hi)

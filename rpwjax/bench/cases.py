@@ -1,0 +1,390 @@
+"""Benchmark cases: data generators and the thunks each case times, grouped by (family, size)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from rpwjax.bench.plans import CONTINUOUS_RANGE, CRITEO_RANGE, HISTOGRAM_SOURCE_LABELS, Plan, SAMPLER_SUPPORT, SEARCH_EPSILON, SEARCH_ZETA_FRACTION
+
+# --------------------------------------------------------------------------- cases
+
+
+@dataclasses.dataclass
+class Member:
+    """One timed case. ``setup()`` builds inputs and returns the zero-argument callable to time."""
+
+    family: str
+    name: str
+    size: int
+    size_unit: str
+    setup: Callable[[], Callable[[], Any]]
+    baseline: str | None = None  # name of another member of the same group
+    slow: bool = False
+    meta: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}:{self.name}:{self.size}"
+
+
+@dataclasses.dataclass
+class Group:
+    family: str
+    size: int
+    members: list
+
+
+def _block(tree):
+    import jax
+
+    return jax.block_until_ready(tree)
+
+
+# data builders: cached (the runner clears them between groups)
+
+
+@functools.lru_cache(maxsize=None)
+def continuous_labels(n: int, seed: int = 0) -> np.ndarray:
+    """``5·Beta(2, 5)`` float64 labels: every value distinct (with probability one)."""
+    rng = np.random.default_rng(seed)
+    lo, hi = CONTINUOUS_RANGE
+    return lo + (hi - lo) * rng.beta(2.0, 5.0, int(n))
+
+
+@functools.lru_cache(maxsize=None)
+def criteo_labels(n: int, seed: int = 0) -> np.ndarray:
+    """Criteo-shaped labels on [0, 400]: 9.7% zeros, the rest continuous (see rpwjax.experiments.datasets)."""
+    from rpwjax.experiments.datasets import criteo_synthetic_labels
+
+    return criteo_synthetic_labels(int(n), seed)
+
+
+@functools.lru_cache(maxsize=None)
+def empirical(kind: str, n: int):
+    from rpwjax.priors import empirical_prior
+
+    if kind == "continuous":
+        return empirical_prior(continuous_labels(n), *CONTINUOUS_RANGE)
+    return empirical_prior(criteo_labels(n), *CRITEO_RANGE)
+
+
+@functools.lru_cache(maxsize=None)
+def histogram(k: int):
+    """A k-bin equal-width histogram prior of Criteo-shaped labels over [0, 400]."""
+    from rpwjax.priors import histogram_prior
+
+    edges = np.linspace(*CRITEO_RANGE, int(k) + 1)
+    counts, _ = np.histogram(criteo_labels(HISTOGRAM_SOURCE_LABELS), bins=edges)
+    return histogram_prior(edges, counts.astype(np.float64))
+
+
+@functools.lru_cache(maxsize=None)
+def support_prior(k: int):
+    """k equally spaced support points on [0, 400] (k = 401: the integers) weighted like Criteo labels."""
+    from rpwjax.priors import empirical_prior
+
+    lo, hi = CRITEO_RANGE
+    points = np.linspace(lo, hi, int(k))
+    edges = np.concatenate([[lo], 0.5 * (points[1:] + points[:-1]), [hi]])
+    counts, _ = np.histogram(criteo_labels(100_000, seed=1), bins=edges)
+    return empirical_prior(points, lo, hi, weights=counts + 1.0)  # every point keeps some mass
+
+
+def clear_caches(everything: bool = True):
+    """Drop cached inputs (between groups: the large ones; the fitted sampler parameters are small)."""
+    for fn in (continuous_labels, criteo_labels, empirical, histogram, support_prior, sampling_labels):
+        fn.cache_clear()
+    if everything:
+        _sampler_params.cache_clear()
+        _privatize_params.cache_clear()
+
+
+@functools.lru_cache(maxsize=None)
+def sampling_labels(n: int, seed: int = 0) -> np.ndarray:
+    """Criteo-shaped float64 labels in host memory (what a release is given)."""
+    rng = np.random.default_rng(seed)
+    zero = rng.random(int(n)) < 0.097
+    amount = np.exp(4.2 + rng.standard_normal(int(n)))
+    return np.where(zero, 0.0, np.minimum(amount, 400.0))
+
+
+@functools.lru_cache(maxsize=None)
+def _sampler_params(mechanism: str):
+    """Parameters (ε = 1) of ``mechanism`` fitted to a small Criteo-shaped prior (float64)."""
+    from rpwjax.mechanisms import entry
+
+    prior = support_prior(SAMPLER_SUPPORT)
+    # a fixed ζ skips the auto-ζ search: the sampler's cost does not depend on ζ
+    options = {"zeta": SEARCH_ZETA_FRACTION * (prior.hi - prior.lo)} if mechanism == "rpwithprior" else {}
+    params, _ = entry(mechanism).fit(prior, SEARCH_EPSILON, **options)
+    return params
+
+
+def sampler_thunk(mechanism: str, n: int):
+    """Timed call: the release path for ``mechanism`` on n float64 labels (compiled after one call)."""
+    from rpwjax.keys import Secret
+    from rpwjax.release_path import release
+
+    params = _sampler_params(mechanism)
+    y = sampling_labels(n)
+    secret = Secret.from_seed(1)
+    return lambda: release(params, secret, y)
+
+
+def uniform_thunk(n: int):
+    """The floor: ``jax.random.uniform`` of n float64 values (x64 on, result on the device)."""
+    import jax
+    import jax.numpy as jnp
+
+    def call():
+        with jax.enable_x64(True):
+            return fn(key).block_until_ready()
+
+    with jax.enable_x64(True):
+        key = jax.random.key(1)
+        fn = jax.jit(lambda k: jax.random.uniform(k, (int(n),), jnp.float64))
+    return call
+
+
+def search_thunk(prior, epsilons, objective: str = "neighborhood"):
+    """Timed call: the exact interval search for a fixed ζ over ``epsilons`` (one vmapped fit).
+
+    Goes through the public ``fit_rpwithprior(prior, epsilons, zeta=ζ)``: with ζ
+    fixed it is the interval search alone (no ζ search), from a host prior to
+    host parameters, as a user calls it.
+    """
+    from rpwjax.mechanisms.rpwithprior import fit_rpwithprior
+
+    zeta = SEARCH_ZETA_FRACTION * (prior.hi - prior.lo)
+    eps = np.atleast_1d(np.asarray(epsilons, np.float64))
+    return lambda: fit_rpwithprior(prior, eps, zeta=zeta, objective=objective)
+
+
+def load_reference():
+    """The NumPy O(k³) reference (:func:`rpwjax.mechanisms.reference_algorithm1.algorithm1_interval`)."""
+    from rpwjax.mechanisms.reference_algorithm1 import algorithm1_interval
+
+    return algorithm1_interval
+
+
+def reference_thunk(k: int):
+    algorithm1 = load_reference()
+    prior = histogram(k)
+    edges = np.concatenate([np.asarray(prior.left), np.asarray(prior.right)[-1:]])
+    zeta = SEARCH_ZETA_FRACTION * (prior.hi - prior.lo)
+    mass = np.asarray(prior.mass)
+    return lambda: algorithm1(edges, mass, SEARCH_EPSILON, zeta)
+
+
+def fit_thunk(mechanism: str, k: int):
+    """Timed call: the mechanism's public fit on a k-point support (one ε, host results)."""
+    from rpwjax.mechanisms import entry
+
+    fit_fn = entry(mechanism).fit
+    prior = support_prior(k)
+    return lambda: fit_fn(prior, SEARCH_EPSILON)
+
+
+# privatize: a cached Parquet file, privatize_file against a plain pyarrow copy
+
+PRIVATIZE_LABEL = "SalesAmountInEuro"
+PRIVATIZE_FILE_VERSION = 1
+PRIVATIZE_CHUNK_ROWS = 1 << 20  # privatize.DEFAULT_CHUNK_ROWS, the CLI's default; both sides use it
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("RPWJAX_BENCH_CACHE")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "rpwjax" / "bench"
+
+
+def parquet_file(rows: int, cache_dir) -> Path:
+    """A ``rows``-row Parquet file (row id, 3 float32 features, an int32 category, the label), made once."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rpwjax.experiments.datasets import criteo_synthetic_labels
+
+    cache_dir = Path(cache_dir)
+    path = cache_dir / f"privatize-{int(rows)}-v{PRIVATIZE_FILE_VERSION}.parquet"
+    if path.is_file():
+        return path
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.part")
+    chunk = 1 << 20
+    writer = None
+    try:
+        for i, start in enumerate(range(0, int(rows), chunk)):
+            m = min(chunk, int(rows) - start)
+            rng = np.random.default_rng([20261130, i])
+            table = pa.table(
+                {
+                    "row_id": pa.array(np.arange(start, start + m, dtype=np.int64)),
+                    "f0": pa.array(rng.standard_normal(m, dtype=np.float32)),
+                    "f1": pa.array(rng.standard_normal(m, dtype=np.float32)),
+                    "f2": pa.array(rng.standard_normal(m, dtype=np.float32)),
+                    "category": pa.array(rng.integers(0, 1000, m, dtype=np.int32)),
+                    PRIVATIZE_LABEL: pa.array(criteo_synthetic_labels(m, seed=1000 + i)),
+                }
+            )
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, table.schema)
+            writer.write_table(table)
+        writer.close()
+        writer = None
+        os.replace(tmp, path)
+    finally:
+        if writer is not None:
+            writer.close()
+        if tmp.exists():
+            tmp.unlink()
+    return path
+
+
+def pyarrow_copy(src, dst, chunk_rows: int) -> int:
+    """The baseline: read ``src`` in batches and write them unchanged to ``dst``."""
+    import pyarrow.parquet as pq
+
+    rows = 0
+    writer = None
+    try:
+        for batch in pq.ParquetFile(src).iter_batches(batch_size=chunk_rows):
+            if writer is None:
+                writer = pq.ParquetWriter(dst, batch.schema)
+            writer.write_batch(batch)
+            rows += batch.num_rows
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows
+
+
+@functools.lru_cache(maxsize=None)
+def _privatize_params(rows: int, cache_dir: str):
+    import pyarrow.parquet as pq
+
+    from rpwjax.api import fit
+
+    path = parquet_file(rows, cache_dir)
+    first = next(pq.ParquetFile(path).iter_batches(batch_size=100_000, columns=[PRIVATIZE_LABEL]))
+    labels = first.column(0).to_numpy()
+    zeta = SEARCH_ZETA_FRACTION * (CRITEO_RANGE[1] - CRITEO_RANGE[0])
+    result = fit("rpwithprior", labels, range=CRITEO_RANGE, epsilon=SEARCH_EPSILON, zeta=zeta, prior="private", seed=0)
+    return result.params, result.records()[0]
+
+
+def privatize_thunk(rows: int, cache_dir):
+    from rpwjax.keys import Secret
+    from rpwjax.privatize import privatize_file
+
+    src = parquet_file(rows, cache_dir)
+    params, record = _privatize_params(int(rows), str(cache_dir))
+    dst = Path(cache_dir) / f"out-privatize-{os.getpid()}.parquet"
+    secret = Secret.from_seed(7)
+
+    def call():
+        return privatize_file(
+            src, dst, label_column=PRIVATIZE_LABEL, params=params, secret=secret, record=record,
+            chunk_rows=PRIVATIZE_CHUNK_ROWS, progress=False,
+        )
+
+    return call
+
+
+def copy_thunk(rows: int, cache_dir):
+    src = parquet_file(rows, cache_dir)
+    dst = Path(cache_dir) / f"out-copy-{os.getpid()}.parquet"
+    return lambda: pyarrow_copy(src, dst, PRIVATIZE_CHUNK_ROWS)
+
+
+def cleanup_outputs(cache_dir):
+    """Remove this process's privatize/copy outputs from the cache directory."""
+    for pattern in (f"out-privatize-{os.getpid()}.parquet*", f"out-copy-{os.getpid()}.parquet"):
+        for p in Path(cache_dir).glob(pattern):
+            p.unlink()
+
+
+def mechanism_names() -> tuple[str, ...]:
+    """Every registered mechanism (a registered one whose module is missing fails its case, loudly)."""
+    from rpwjax.mechanisms import MECHANISMS
+
+    return tuple(MECHANISMS)
+
+
+def build_groups(plan: Plan, cache_dir, families=None) -> list[Group]:
+    """The case table of a plan: groups in run order (``families`` filters)."""
+    cache_dir = Path(cache_dir)
+    groups: list[Group] = []
+
+    def add(family, size, members):
+        if families is None or family in families:
+            groups.append(Group(family, size, members))
+
+    for n in plan.sampling_n:
+        members = [Member("sampling", "uniform-floor", n, "labels", functools.partial(uniform_thunk, n))]
+        for name in mechanism_names():
+            members.append(
+                Member("sampling", f"release/{name}", n, "labels", functools.partial(sampler_thunk, name, n),
+                       baseline="uniform-floor", meta={"mechanism": name, "dtype": "float64"})
+            )
+        add("sampling", n, members)
+
+    for n in plan.search_labels:
+        add("search-labels", n, [
+            Member("search-labels", f"search/{kind}", n, "labels",
+                   functools.partial(lambda kind, n: search_thunk(empirical(kind, n), [SEARCH_EPSILON]), kind, n),
+                   meta={"prior": kind, "epsilons": 1, "objective": "neighborhood"})
+            for kind in ("continuous", "criteo")
+        ])
+
+    for k in plan.search_bins:
+        members = [
+            Member("search-histogram", f"search/histogram-{objective}", k, "bins",
+                   functools.partial(lambda k, o: search_thunk(histogram(k), [SEARCH_EPSILON], o), k, objective),
+                   baseline="reference/algorithm1" if objective == "inside" and k <= plan.reference_max_bins else None,
+                   meta={"objective": objective, "epsilons": 1})
+            for objective in ("neighborhood", "inside")
+        ]
+        if k <= plan.reference_max_bins:
+            members.append(Member("search-histogram", "reference/algorithm1", k, "bins",
+                                  functools.partial(reference_thunk, k), slow=True,
+                                  meta={"objective": "inside", "implementation": "numpy O(k^3)"}))
+        add("search-histogram", k, members)
+
+    grid_prior = plan.epsilon_grid_prior
+    for e in plan.epsilon_grid_sizes:
+        epsilons = np.geomspace(0.05, 8.0, e) if e > 1 else np.array([SEARCH_EPSILON])
+        add("search-epsilons", e, [
+            Member("search-epsilons", "search/vmapped", e, "epsilons",
+                   functools.partial(lambda eps: search_thunk(empirical("continuous", grid_prior), eps), epsilons),
+                   meta={"prior_labels": grid_prior, "prior": "continuous"})
+        ])
+
+    sizes = sorted({k for ks in plan.fit_support.values() for k in ks})
+    for k in sizes:
+        add("fit-support", k, [
+            Member("fit-support", f"fit/{name}", k, "support points", functools.partial(fit_thunk, name, k),
+                   meta={"mechanism": name, "epsilons": 1})
+            for name, ks in plan.fit_support.items() if k in ks
+        ])
+
+    chunk = {"chunk_rows": PRIVATIZE_CHUNK_ROWS, "format": "parquet"}
+    for rows in plan.privatize_rows:
+        add("privatize", rows, [
+            Member("privatize", "pyarrow-copy", rows, "rows", functools.partial(copy_thunk, rows, cache_dir),
+                   slow=True, meta=dict(chunk)),
+            Member("privatize", "privatize/rpwithprior", rows, "rows",
+                   functools.partial(privatize_thunk, rows, cache_dir), baseline="pyarrow-copy", slow=True,
+                   meta={"mechanism": "rpwithprior", **chunk}),
+        ])
+    return groups
+
+

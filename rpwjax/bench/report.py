@@ -1,0 +1,194 @@
+"""Targets met or not, machine info, plots, and a whole plan run into ``results.json``."""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rpwjax.bench.plans import Plan, SAMPLER_SUPPORT, SCHEMA_VERSION, SEARCH_EPSILON, SEARCH_ZETA_FRACTION, TARGETS
+from rpwjax.bench.cases import build_groups, cleanup_outputs, clear_caches, default_cache_dir
+from rpwjax.bench.timing import time_group
+
+# --------------------------------------------------------------------------- targets
+
+
+def evaluate_targets(cases: list[dict]) -> dict:
+    """Each target from the cases of this run; ``proxy`` when measured at another size than specified."""
+    out = {}
+    for t in TARGETS:
+        entry = {"description": t["description"], "threshold": t["threshold"], "op": t["op"], "value": None,
+                 "met": None, "size": t["size"], "measured_at_size": None, "proxy": None}
+        found = [c for c in cases if c["family"] == t["family"] and c["name"] == t["case"] and c["median_s"]]
+        if t["metric"] in ("ratio", "speedup"):
+            found = [c for c in found if c["ratio"]]
+        if not found:
+            entry["reason"] = "not measured in this run"
+            out[t["name"]] = entry
+            continue
+        exact = [c for c in found if c["size"] == t["size"]]
+        case = exact[0] if exact else min(found, key=lambda c: (abs(math.log(c["size"] / t["size"])), -c["size"]))
+        value = {"ratio": case["ratio"], "median_s": case["median_s"],
+                 "speedup": 1.0 / case["ratio"] if case["ratio"] else None}[t["metric"]]
+        proxy = case["size"] != t["size"]
+        if "prior_labels" in t and case["meta"].get("prior_labels") != t["prior_labels"]:
+            proxy = True
+            entry["prior_labels"] = case["meta"].get("prior_labels")
+        entry.update(value=value, measured_at_size=case["size"], proxy=proxy,
+                     met=bool(value <= t["threshold"] if t["op"] == "<=" else value >= t["threshold"]))
+        out[t["name"]] = entry
+    return out
+
+
+# --------------------------------------------------------------------------- reporting
+
+
+def machine_info() -> dict:
+    import jax
+
+    info = {
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": sys.version.split()[0],
+        "jax": jax.__version__,
+        "jaxlib": getattr(importlib.import_module("jaxlib"), "__version__", None),
+        "numpy": np.__version__,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        import pyarrow
+
+        info["pyarrow"] = pyarrow.__version__
+    except ImportError:  # pragma: no cover - pyarrow is a dependency
+        pass
+    if hasattr(os, "getloadavg"):
+        info["load_average"] = list(os.getloadavg())
+    return info
+
+
+def plot_results(cases: list[dict], out_dir) -> list[str]:
+    """One figure per family: time against size (log-log, baselines dashed) and, where a
+    baseline exists, the ratio to it against size. Returns the file names written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    written = []
+    families = list(dict.fromkeys(c["family"] for c in cases))
+    for family in families:
+        rows = [c for c in cases if c["family"] == family and c["median_s"]]
+        if not rows:
+            continue
+        names = list(dict.fromkeys(c["name"] for c in rows))
+        baselines = {c["baseline"] for c in cases if c["family"] == family and c["baseline"]}
+        with_ratio = [n for n in names if any(c["ratio"] for c in rows if c["name"] == n)]
+        ncols = 2 if with_ratio else 1
+        fig, axes = plt.subplots(1, ncols, figsize=(6.4 * ncols, 4.4), squeeze=False)
+        ax = axes[0, 0]
+        for name in names:
+            pts = sorted((c["size"], c["median_s"]) for c in rows if c["name"] == name)
+            xs, ys = zip(*pts)
+            style = dict(color="black", linestyle="--") if name in baselines else {}
+            ax.plot(xs, ys, marker="o", label=name + (" (baseline)" if name in baselines else ""), **style)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(rows[0]["size_unit"])
+        ax.set_ylabel("median seconds")
+        ax.set_title(f"{family}: time")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        if with_ratio:
+            ax = axes[0, 1]
+            for name in with_ratio:
+                pts = sorted((c["size"], c["ratio"]) for c in rows if c["name"] == name and c["ratio"])
+                xs, ys = zip(*pts)
+                base = next(c["baseline"] for c in rows if c["name"] == name)
+                ax.plot(xs, ys, marker="o", label=f"{name} / {base}")
+            ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+            for t in TARGETS:
+                if t["family"] == family and t["metric"] in ("ratio", "speedup"):
+                    level = t["threshold"] if t["metric"] == "ratio" else 1.0 / t["threshold"]
+                    ax.axhline(level, color="red", linestyle=":", linewidth=1,
+                               label=f"target for {t['case']} at {t['size']:g}")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel(rows[0]["size_unit"])
+            ax.set_ylabel("ratio to baseline (same run)")
+            ax.set_title(f"{family}: ratio to baseline")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        name = f"{family}.png"
+        fig.savefig(out_dir / name, dpi=110)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+def run_plan(plan: Plan, out_dir, *, cache_dir=None, families=None, repeats=None, plots=True,
+             progress: bool = True) -> dict:
+    """Run every case of ``plan``; write ``out_dir/results.json`` (+ plots); return the results."""
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    groups = build_groups(plan, cache_dir, families)
+    started = time.perf_counter()
+    cases = []
+    bar = tqdm(total=sum(len(g.members) for g in groups), unit="case", desc="bench", disable=not progress)
+    with bar:
+        for g in groups:
+            bar.set_postfix_str(f"{g.family} size={g.size}")
+            cases.extend(time_group(g, plan, repeats, bar))
+            clear_caches(everything=False)
+            if g.family == "privatize":
+                cleanup_outputs(cache_dir)
+    clear_caches()
+    results = {
+        "schema_version": SCHEMA_VERSION,
+        "plan": plan.name,
+        "machine": machine_info(),
+        "elapsed_s": time.perf_counter() - started,
+        "settings": {"repeats": repeats or plan.repeats, "slow_repeats": repeats or plan.slow_repeats,
+                     "min_sample_s": plan.min_sample_s, "search_epsilon": SEARCH_EPSILON,
+                     "search_zeta_fraction": SEARCH_ZETA_FRACTION, "sampler_support": SAMPLER_SUPPORT,
+                     "cache_dir": str(cache_dir)},
+        "cases": cases,
+        "targets": evaluate_targets(cases),
+        "errors": [f"{c['family']}:{c['name']}:{c['size']}: {c['error']}" for c in cases if "error" in c],
+    }
+    results["plots"] = plot_results(cases, out_dir) if plots else []
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def summary(results: dict) -> str:
+    lines = [f"rpwjax bench ({results['plan']}, {results['machine']['backend']}, "
+             f"{results['machine']['cpu_count']} CPUs, load {results['machine'].get('load_average')}): "
+             f"{len(results['cases'])} cases in {results['elapsed_s']:.0f} s"]
+    for name, t in results["targets"].items():
+        if t["value"] is None:
+            lines.append(f"  {name}: not measured")
+            continue
+        flag = "met" if t["met"] else "NOT MET"
+        at = f" (at size {t['measured_at_size']}, spec {t['size']})" if t["proxy"] else ""
+        lines.append(f"  {name}: {t['value']:.4g} {t['op']} {t['threshold']:g}: {flag}{at}")
+    for e in results["errors"]:
+        lines.append(f"  ERROR {e}")
+    return "\n".join(lines)
+
+

@@ -1,0 +1,89 @@
+"""Residual priors: an ε-DP histogram of residuals around a model, and the per-row priors it centres on
+each row's prediction (post-processing of that one release)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rpwjax.errors import check_epsilon
+from rpwjax.keys import Secret
+from rpwjax.priors import Prior, histogram_release, project_counts
+
+def _laplace_masses(edges, location, scale):
+    """Masses of Laplace(location, scale) on bins ``edges`` (broadcast over leading axes), renormalised."""
+    z = (edges - location[..., None]) / scale[..., None]
+    cdf = np.where(z < 0, 0.5 * np.exp(np.minimum(z, 0)), 1 - 0.5 * np.exp(-np.maximum(z, 0)))
+    m = np.diff(cdf, axis=-1)
+    return m / m.sum(axis=-1, keepdims=True)
+
+
+def histogram_is_reliable(rows: int, epsilon: float, bins: int, tolerance: float = 0.1) -> bool:
+    """Public rule: the noise (discrete Laplace, rate ε/2: scale about 2/ε) of a ``bins``-bin histogram of ``rows`` counts has relative
+    L2 size sqrt(8·bins)/(ε·rows); trust the bins themselves when it is at most ``tolerance``."""
+    return math.sqrt(8 * bins) / (epsilon * rows) <= tolerance
+
+
+def release_bins(rows: int, epsilon: float, most: int) -> int:
+    """Public rule for the residual release: the largest power of two <= ``most`` (at least 4) with about
+    eight or more rows per unit of noise scale per bin (rows·ε/2/bins >= 4)."""
+    k = 4
+    while k * 2 <= most and rows * epsilon / 2 / (k * 2) >= 4:
+        k *= 2
+    return k
+
+
+def residual_histogram(residuals, width, epsilon, *, bins: int, secret: Secret, resolution: int = 2):
+    """ε-DP residual prior over the public [-width, width]: (edges, masses).
+
+    One release: a ``bins``-bin noisy histogram of the residuals (:func:`rpwjax.priors.histogram_release`). When
+    it is reliable (:func:`histogram_is_reliable`, a rule on public numbers)
+    its projected masses are the prior; otherwise a Laplace(μ, s) density is
+    fitted to the noisy counts over a grid of (μ, s) (two
+    parameters from all the bins: the noise averages out; least absolute
+    deviations, the maximum-likelihood fit under Laplace noise) and its masses
+    are the prior. Either way the prior is given on ``resolution``·``bins`` bins.
+    Post-processing of the one release, so the cost is ε.
+    """
+    eps = float(check_epsilon(epsilon))
+    r = np.asarray(residuals, np.float64)
+    fine = np.linspace(-width, width, int(bins) * resolution + 1)
+    bins = release_bins(r.size, eps, int(bins))
+    edges = np.linspace(-width, width, bins + 1)
+    noisy = histogram_release(r, edges, eps, secret)
+    if histogram_is_reliable(r.size, eps, bins) and fine.size - 1 == bins * resolution:
+        c = project_counts(noisy, r.size)
+        mass = c / c.sum() if c.sum() > 0 else np.full(c.size, 1.0 / c.size)
+        return fine, np.repeat(mass / resolution, resolution)
+    locations = width * np.linspace(-0.5, 0.5, 81)
+    scales = width * np.geomspace(0.003, 1.0, 60)
+    loc, sc = (g.ravel() for g in np.meshgrid(locations, scales, indexing="ij"))
+    expected = r.size * _laplace_masses(edges, loc, sc)
+    best = int(np.argmin(np.sum(np.abs(expected - noisy[None]), axis=1)))
+    return fine, _laplace_masses(fine, loc[best : best + 1], sc[best : best + 1])[0]
+
+
+def shifted_priors(edges, mass, centres, lo, hi, fallback: Prior | None = None) -> Prior:
+    """Row i: the residual histogram shifted by ``centres[i]``, restricted to [lo, hi] (a batched Prior, (n, bins)).
+
+    A row whose shifted histogram has no mass inside [lo, hi] takes ``fallback``
+    (which must have as many bins), or the uniform prior.
+    """
+    edges = np.asarray(edges, np.float64)
+    mass = np.asarray(mass, np.float64)
+    c = np.asarray(centres, np.float64)[:, None]
+    left = np.clip(edges[:-1][None] + c, lo, hi)
+    right = np.clip(edges[1:][None] + c, lo, hi)
+    m = mass[None] * (right - left) / (edges[1:] - edges[:-1])[None]
+    total = m.sum(axis=1, keepdims=True)
+    m = np.where(total > 0, m / np.where(total > 0, total, 1.0), 0.0)
+    empty = total[:, 0] <= 0
+    if empty.any():
+        if fallback is not None and np.shape(fallback.mass)[-1] == mass.size:
+            fl, fr, fm = (np.asarray(v, np.float64) for v in (fallback.left, fallback.right, fallback.mass))
+        else:
+            grid = np.linspace(lo, hi, mass.size + 1)
+            fl, fr, fm = grid[:-1], grid[1:], np.full(mass.size, 1.0 / mass.size)
+        left[empty], right[empty], m[empty] = fl, fr, fm
+    return Prior(left, right, m, float(lo), float(hi), False, "feature-aware")
