@@ -1,7 +1,7 @@
 """One entry point for every mechanism: fit with privacy accounting, save, load, apply.
 
 :func:`fit` turns labels (or a prior) and a total ε (scalar or grid) into a
-:class:`FitResult`: batched parameters plus the accounting of SPEC section 3
+:class:`FitResult`: batched parameters plus the accounting
 (ε = ε₁ + ε₂ by basic composition; δ for the Gaussian) and the label MSE
 under the prior that was used. ``FitResult.records()`` is the JSON contract of
 ``rpwjax fit --json``; :func:`load_params` reads one record back.

@@ -1,4 +1,4 @@
-"""The ``rpwjax`` command line (SPEC section 6): a thin layer over the library.
+"""The ``rpwjax`` command line: it parses arguments, calls the library and prints.
 
 Errors print one line on stderr naming the problem and the value: exit 2 for
 bad input (including a bad command line), 1 for I/O errors. ``SIGINT`` and
@@ -442,6 +442,16 @@ def cmd_audit(args) -> int:
     return 0 if out["pass"] else 1
 
 
+def cmd_reproduce(args) -> int:
+    from rpwjax.experiments.reproduce import beyond_report, run_jobs
+
+    if not args.report_only:
+        for name, seconds in run_jobs(args.out, args.only):
+            print(f"{name}: {seconds:.0f} s")
+    print(beyond_report(args.out))
+    return 0
+
+
 def cmd_demo(args) -> int:
     from rpwjax.experiments.datasets import load_dataset, train_test_split
     from rpwjax.experiments.sweeps import SweepConfig
@@ -569,6 +579,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0; the audit has nothing to hide)")
     p.add_argument("--json", action="store_true", help="print one JSON object per (mechanism, epsilon), one per line")
     p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser("reproduce", help="regenerate every committed sweep into plots/ (about 44 minutes on 2 cores)")
+    p.add_argument("--out", default="plots", help="the folder of figures and their tidy CSVs (default plots)")
+    p.add_argument("--only", nargs="+", default=None, metavar="JOB",
+                   help="run only these jobs (names as in plots/logs/times.txt); the report is redrawn either way")
+    p.add_argument("--report-only", action="store_true",
+                   help="only redraw the beyond-the-paper figures and target table from the committed rows")
+    p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("demo", help="a reduced sweep on bundled California Housing: table and plot (a few minutes)")
     p.add_argument("--out", default="rpwjax-demo", help="output directory (default rpwjax-demo)")

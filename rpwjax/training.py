@@ -1,6 +1,6 @@
 r"""Many small regression MLPs trained at once: one compiled, vmapped program.
 
-The paper's model and schedule (SPEC section 5): an MLP ``d → 128 → 64 → 1``
+The paper's model and schedule: an MLP ``d → 128 → 64 → 1``
 with ELU, mean squared error, Adam with learning rate 1e-3 and weight decay
 1e-4, the learning rate halved every 10 epochs, 50 epochs, batch size 256.
 

@@ -1,4 +1,4 @@
-"""The command line contract (SPEC section 6): fit, privatize, errors, no partial output.
+"""The command line contract: fit, privatize, errors, no partial output.
 
 Reproducible runs use key files from ``rpwjax keygen`` (``--key-file``); runs whose
 randomness does not matter to the test use fresh OS entropy (no key option).

@@ -86,7 +86,7 @@ PLANS = {
     ),
 }
 
-# Targets of the project's issue. "metric" is read from the case at "size";
+# The speed targets. "metric" is read from the case at "size";
 # "speedup" is 1 / ratio. "prior_labels" (ε-grid family) must match the plan.
 TARGETS = (
     dict(name="rpwithprior_release_vs_uniform_floor", family="sampling", case="release/rpwithprior",

@@ -1,4 +1,4 @@
-r"""Data sets for the evaluation protocol (SPEC section 5) and loaders for user tables.
+r"""Data sets for the evaluation protocol and loaders for user tables.
 
 Every loader returns a :class:`Dataset`: public features (float32, shape
 ``(n, d)``), private labels (float64, shape ``(n,)``) and the PUBLIC label
@@ -179,7 +179,7 @@ def _load_crime() -> Dataset:
 # (134 rows with 0 <= SalesAmountInEuro <= 400: 13 zeros, log of the positives
 # with std 0.97). A zero with probability CRITEO_ZERO_FRACTION, else a
 # log-normal(mu, sigma) truncated to (0, 400]; mu is solved so that
-# P(label > 170) = 0.13 exactly (SPEC: "13% of labels above ~170").
+# P(label > 170) = 0.13 exactly (the published description of the log: "13% of labels above ~170").
 CRITEO_ZERO_FRACTION = 0.097
 CRITEO_LOG_SIGMA = 1.0
 CRITEO_LOG_MU = 4.20325319746828

@@ -1,4 +1,4 @@
-"""Privacy-utility sweeps (SPEC section 5): privatize train labels, train many MLPs at once, score.
+"""Privacy-utility sweeps: privatize train labels, train many MLPs at once, score.
 
 One sweep = data set x mechanisms x ε grid x seeds. Each mechanism is fitted
 over the whole ε grid in one vmapped call; every (mechanism, ε, seed) draws

@@ -21,7 +21,7 @@ repository), rewritten here in NumPy:
   at which a partial derivative of the ratio changes sign inside the bin
   (the notebook's ``d11 * d12 < 0`` and ``d21 * d22 < 0`` tests);
 * the objective :math:`J = 2\zeta P(A_1 \le Y \le A_2) / (2\zeta + e^{-\varepsilon}(A_2 - A_1))`
-  (SPEC's ``"inside"``).
+  (the ``"inside"`` objective of :mod:`rpwjax.mechanisms.interval_search`).
 
 Departures from the notebook, none of which changes the running time:
 it uses the bin densities (the notebook passes bin masses, which only
