@@ -18,7 +18,7 @@ import numpy as np
 from rpwjax.mechanisms.base import Mechanism, label_mse_grid
 from rpwjax.errors import InputError, check_choice, check_epsilon, check_range  # noqa: F401 (InputError re-exported)
 from rpwjax.keys import Secret
-from rpwjax.mechanisms import MECHANISMS, entry, mechanism_names  # noqa: F401 (re-exported)
+from rpwjax.mechanisms import MECHANISMS, entry, mechanism_names  # noqa: F401 (MECHANISMS, mechanism_names re-exported)
 from rpwjax.priors import Prior, empirical_prior, private_histogram
 
 PRIORS = ("empirical", "private")
@@ -267,3 +267,14 @@ def load_params(record: dict) -> tuple[Mechanism, dict]:
     if params.batch_shape != ():
         raise InputError(f"a params file must hold parameters for one epsilon, got shape {params.batch_shape}")
     return params, record
+
+
+def records_total(records) -> dict:
+    """What publishing every record of a multi-epsilon fit together costs (basic composition)."""
+    spent = sum(r["epsilon_prior"] for r in records)
+    empirical = any(r["prior"]["kind"] == "empirical" for r in records)
+    note = (f"publishing all {len(records)} records together spends epsilon {spent:g} on their independent "
+            f"private histograms (the sum of their epsilon_prior); each record's epsilon holds for one record alone")
+    if empirical:
+        note += "; the empirical-prior records are functions of the raw labels (private only if that prior is public)"
+    return {"records": len(records), "epsilon_prior_total": spent, "empirical_prior": empirical, "note": note}

@@ -160,6 +160,7 @@ def _fit(args, labels, epsilon, secret):
 
 def cmd_fit(args) -> int:
     from rpwjax import io
+    from rpwjax.api import records_total
     from rpwjax.errors import InputError, check_range
 
     if args.range is None:
@@ -173,7 +174,7 @@ def cmd_fit(args) -> int:
     for r in records:
         r.update(_seed_fields(secret))
     if len(records) > 1:
-        total = _prior_total(records)
+        total = records_total(records)
         for r in records:
             r["all_records"] = total
     if args.save:
@@ -211,17 +212,6 @@ def _seed_fields(secret) -> dict:
     return {"reproducible_seed": True, "seed_note": "integer seed: not for production"} if secret.reproducible else {}
 
 
-def _prior_total(records) -> dict:
-    """What publishing every record of a multi-epsilon fit together costs (basic composition)."""
-    spent = sum(r["epsilon_prior"] for r in records)
-    empirical = any(r["prior"]["kind"] == "empirical" for r in records)
-    note = (f"publishing all {len(records)} records together spends epsilon {spent:g} on their independent "
-            f"private histograms (the sum of their epsilon_prior); each record's epsilon holds for one record alone")
-    if empirical:
-        note += "; the empirical-prior records are functions of the raw labels (private only if that prior is public)"
-    return {"records": len(records), "epsilon_prior_total": spent, "empirical_prior": empirical, "note": note}
-
-
 def cmd_keygen(args) -> int:
     from rpwjax.keys import write_key_file
 
@@ -232,9 +222,8 @@ def cmd_keygen(args) -> int:
 
 def cmd_privatize(args) -> int:
     from rpwjax import io
-    from rpwjax.api import load_params, prior_from_record
     from rpwjax.errors import InputError, check_range
-    from rpwjax.privatize import check_chunk_rows, check_row_offset, privatize_file
+    from rpwjax.privatize import check_chunk_rows, check_row_offset, load_release_params, privatize_file
 
     check_chunk_rows(args.chunk_rows)
     check_row_offset(args.row_offset)
@@ -249,24 +238,8 @@ def cmd_privatize(args) -> int:
             if getattr(args, flag) is not None:
                 raise InputError(f"--{flag.replace('_', '-')} {getattr(args, flag)} does nothing with --params: the "
                                  "params file fixes the fit (refit with `rpwjax fit` to change it)")
-        params, record = load_params(io.read_json(args.params))
-        from rpwjax.audit.verify import verify_record
-
-        # nothing in the file is taken on trust: its guarantee is recomputed from the parameters (refused if weaker
-        # than stated or if its fields disagree) before anything is written, and the sidecar says what was verified
-        params, verified = verify_record(record)
-        record = dict(record, verified=verified)
-        prior = prior_from_record(record)
-        if record.get("prior", {}).get("kind") == "empirical" and not args.prior_is_public:
-            raise InputError(
-                f"params file {args.params!r} was fitted on an empirical prior: its parameters are functions of the "
-                "raw labels, so the release is private only if that prior is public. Say so with --prior-is-public, "
-                "or refit with --prior private")
-        if args.range is not None and (float(args.range[0]), float(args.range[1])) != (params.lo, params.hi):
-            raise InputError(f"--range {args.range} differs from the params file's range [{params.lo}, {params.hi}]")
-        if args.prior_is_public and record.get("prior", {}).get("kind") != "empirical":
-            raise InputError(f"--prior-is-public does nothing here: params file {args.params!r} was not fitted on an "
-                             "empirical prior")
+        params, record, prior = load_release_params(args.params, prior_is_public=args.prior_is_public,
+                                                    range=args.range)
     else:
         if args.mechanism is None or args.epsilon is None:
             raise InputError("privatize needs --params PARAMS.json, or --mechanism and --epsilon to fit")

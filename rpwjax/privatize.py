@@ -176,3 +176,36 @@ def privatize_file(
                        postprocessing=postprocess_name, **randomness_record(secret, record))
         tmp_json.write_text(json.dumps(sidecar, indent=2) + "\n")
     return sidecar
+
+
+def load_release_params(path, *, prior_is_public: bool = False, range=None):
+    """A saved fit, ready to release with: ``(params, record, prior)``.
+
+    Nothing in the file is taken on trust: its guarantee is recomputed from
+    the parameters (:func:`rpwjax.audit.verify.verify_record`; refused if
+    weaker than stated or if its fields disagree) before anything is written,
+    and the record says what was verified. A fit on an empirical prior is
+    refused unless ``prior_is_public`` (its parameters are functions of the
+    raw labels); a ``range`` that differs from the file's is refused.
+    ``prior`` is the saved private histogram (None when none was saved).
+    """
+    from rpwjax import io
+    from rpwjax.api import load_params, prior_from_record
+    from rpwjax.audit.verify import verify_record
+
+    _, record = load_params(io.read_json(path))
+    params, verified = verify_record(record)
+    record = dict(record, verified=verified)
+    prior = prior_from_record(record)
+    empirical = record.get("prior", {}).get("kind") == "empirical"
+    if empirical and not prior_is_public:
+        raise InputError(
+            f"params file {str(path)!r} was fitted on an empirical prior: its parameters are functions of the "
+            "raw labels, so the release is private only if that prior is public. Say so with --prior-is-public, "
+            "or refit with --prior private")
+    if range is not None and (float(range[0]), float(range[1])) != (params.lo, params.hi):
+        raise InputError(f"--range {list(range)} differs from the params file's range [{params.lo}, {params.hi}]")
+    if prior_is_public and not empirical:
+        raise InputError(f"--prior-is-public does nothing here: params file {str(path)!r} was not fitted on an "
+                         "empirical prior")
+    return params, record, prior

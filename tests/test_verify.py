@@ -89,7 +89,7 @@ def test_honest_file_of_every_mechanism_verifies(saved, mechanism):
         assert report["guarantee"] == "(eps, delta)-DP"
         assert report["delta_recomputed"] <= rec["delta"] * (1 + 1e-9)
         assert report["realized_delta"] <= rec["delta"]
-    uses_prior = api.MECHANISMS[mechanism][3]
+    uses_prior = api.MECHANISMS[mechanism].uses_prior
     assert report["prior"] == ("private-histogram" if uses_prior else "none")
     assert (rec["epsilon_prior"] > 0) == uses_prior
     json.dumps(report, allow_nan=False)  # a sidecar-ready object
