@@ -26,6 +26,7 @@ directory the run created, and leaves an existing output untouched.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import contextlib
 import csv
 import gzip
@@ -758,3 +759,77 @@ def read_json(path):
         return json.loads(Path(path).read_text())
     except json.JSONDecodeError as err:
         raise InputError(f"params file {str(path)!r} is not valid JSON: {err}") from None
+
+
+# --------------------------------------------------------------------------- feature tables (in memory)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FeatureTable:
+    """A user's table split into numeric features (float64, (n, d)) and raw labels (float64, (n,), unchecked)."""
+
+    features: np.ndarray
+    labels: np.ndarray
+    feature_names: tuple[str, ...]
+    notes: tuple[str, ...]  # what was dropped, in words
+
+
+def _is_numeric(dtype) -> bool:
+    return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype)
+
+
+def read_feature_table(path, label_column: str, *, encoding=None) -> FeatureTable:
+    """A whole CSV or Parquet table (the same suffix rules as every other input) as features and labels.
+
+    CSV: every column's type is inferred from ALL of its values
+    (:func:`read_csv_table`), so an odd value far down a column changes that
+    column's type (it is then not a numeric feature) instead of failing the
+    read. Features are the numeric (integer, float, boolean) columns other
+    than the label; non-numeric columns and columns with missing or
+    non-finite values are dropped and named in ``notes``. The label column
+    must be numeric; its values are returned unchecked (the caller checks them
+    against the public range).
+    """
+    kind = file_kind(path, what="input file")
+    _check_exists(path)
+    if kind == ".parquet":
+        if encoding is not None:
+            raise InputError(f"--encoding applies to CSV and text files, not to the Parquet file {str(path)!r}")
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as err:
+            raise InputError(f"could not read {str(path)!r} as Parquet: {one_line(err)}") from None
+    else:
+        table = read_csv_table(path, encoding=encoding)
+    if label_column not in table.column_names:
+        raise InputError(
+            f"label column {label_column!r} not found in {str(path)!r}; columns are: {', '.join(table.column_names)}"
+        )
+    if table.num_rows == 0:
+        raise InputError(f"{str(path)!r} has no rows")
+    label_type = table[label_column].type
+    if not _is_numeric(label_type):
+        raise InputError(f"label column {label_column!r} must be numeric, got type {label_type}")
+    labels = table[label_column].cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+    notes, names, columns = [], [], []
+    non_numeric, with_gaps = [], []
+    for name in table.column_names:
+        if name == label_column:
+            continue
+        column = table[name]
+        if not _is_numeric(column.type):
+            non_numeric.append(name)
+            continue
+        values = column.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+        if not np.isfinite(values).all():
+            with_gaps.append(name)
+            continue
+        names.append(name)
+        columns.append(values)
+    if non_numeric:
+        notes.append(f"dropped {len(non_numeric)} non-numeric column(s): {', '.join(non_numeric)}")
+    if with_gaps:
+        notes.append(f"dropped {len(with_gaps)} column(s) with missing or non-finite values: {', '.join(with_gaps)}")
+    if not columns:
+        raise InputError(f"{str(path)!r} has no usable numeric feature column besides {label_column!r}")
+    return FeatureTable(np.column_stack(columns), np.asarray(labels, np.float64), tuple(names), tuple(notes))

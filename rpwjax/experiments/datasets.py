@@ -42,6 +42,7 @@ import pyarrow.csv as pacsv
 from scipy import special
 
 from rpwjax.errors import InputError, check_labels, check_range
+from rpwjax.io import read_feature_table
 
 __all__ = [
     "CALIFORNIA_RANGE",
@@ -256,83 +257,20 @@ def load_dataset(name: str, *, n: int | None = None, seed: int = 0) -> Dataset:
 # --------------------------------------------------------------------------- user tables
 
 
-def _read_table(path: Path, encoding=None) -> pa.Table:
-    """A user's table. CSV/TSV: every column's type is inferred from ALL of its values
-    (:func:`rpwjax.io.read_csv_table`), so an odd value far down a column changes that
-    column's type (it is then not a numeric feature) instead of failing the read."""
-    from rpwjax.io import read_csv_table
-
-    suffixes = [s.lower() for s in path.suffixes]
-    if not path.exists():
-        raise InputError(f"no such file: {str(path)!r}")
-    if suffixes and suffixes[-1] in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
-
-        if encoding is not None:
-            raise InputError(f"--encoding applies to CSV and text files, not to the Parquet file {str(path)!r}")
-        try:
-            return pq.read_table(path)
-        except (pa.ArrowInvalid, OSError) as err:
-            raise InputError(f"could not read {str(path)!r}: {err}") from None
-    if ".csv" in suffixes[-2:] or ".tsv" in suffixes[-2:]:
-        delimiter = "\t" if ".tsv" in suffixes[-2:] else ","
-        return read_csv_table(path, encoding=encoding, delimiter=delimiter)
-    raise InputError(f"table must be .csv, .tsv or .parquet (optionally .gz for text), got {str(path)!r}")
-
-
-def _is_numeric(dtype) -> bool:
-    return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype)
-
-
 def load_table(path, label_column: str, lo: float, hi: float, *, clip: bool = False, encoding=None) -> Dataset:
-    """A user's CSV or Parquet table as a :class:`Dataset`.
+    """A user's CSV or Parquet table as a :class:`Dataset` (:func:`rpwjax.io.read_feature_table`).
 
-    Features are the numeric (integer, float, boolean) columns other than the
-    label. Non-numeric columns and columns with missing or non-finite values
-    are dropped; each drop is recorded in ``Dataset.notes`` and reported with
-    a ``UserWarning``. Labels must be numeric, finite and inside the public
-    ``[lo, hi]``: otherwise :class:`InputError` names the row and the value,
-    unless ``clip=True`` (labels outside the range are then clipped; NaN is
-    always an error). ``encoding`` is a CSV's text encoding (default UTF-8).
+    Features are the numeric columns other than the label; each dropped
+    column is recorded in ``Dataset.notes`` and reported with a ``UserWarning``.
+    Labels must be numeric, finite and inside the public ``[lo, hi]``
+    (``clip=True`` clips those outside; NaN is always an error).
     """
     lo, hi = check_range(lo, hi)
-    path = Path(path)
-    table = _read_table(path, encoding)
-    if label_column not in table.column_names:
-        raise InputError(
-            f"label column {label_column!r} not found in {str(path)!r}; columns are: {', '.join(table.column_names)}"
-        )
-    if table.num_rows == 0:
-        raise InputError(f"{str(path)!r} has no rows")
-    label_type = table[label_column].type
-    if not _is_numeric(label_type):
-        raise InputError(f"label column {label_column!r} must be numeric, got type {label_type}")
-    labels = table[label_column].cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
-    notes, names, columns = [], [], []
-    non_numeric, with_gaps = [], []
-    for name in table.column_names:
-        if name == label_column:
-            continue
-        column = table[name]
-        if not _is_numeric(column.type):
-            non_numeric.append(name)
-            continue
-        values = column.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
-        if not np.isfinite(values).all():
-            with_gaps.append(name)
-            continue
-        names.append(name)
-        columns.append(values)
-    if non_numeric:
-        notes.append(f"dropped {len(non_numeric)} non-numeric column(s): {', '.join(non_numeric)}")
-    if with_gaps:
-        notes.append(f"dropped {len(with_gaps)} column(s) with missing or non-finite values: {', '.join(with_gaps)}")
-    for note in notes:
-        warnings.warn(f"{path.name}: {note}", UserWarning, stacklevel=2)
-    if not columns:
-        raise InputError(f"{str(path)!r} has no usable numeric feature column besides {label_column!r}")
-    features = np.column_stack(columns)
-    return _make_dataset(path.stem, features, labels, lo, hi, names, notes, clip=clip, label_name=label_column)
+    table = read_feature_table(path, label_column, encoding=encoding)
+    for note in table.notes:
+        warnings.warn(f"{Path(path).name}: {note}", UserWarning, stacklevel=2)
+    return _make_dataset(Path(path).stem, table.features, table.labels, lo, hi, table.feature_names, table.notes,
+                         clip=clip, label_name=label_column)
 
 
 # --------------------------------------------------------------------------- real Criteo
