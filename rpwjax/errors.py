@@ -16,7 +16,7 @@ class InputError(ValueError):
     """Bad input: the message names the problem and the value."""
 
 
-def _fmt(value) -> str:
+def format_value(value) -> str:
     arr = np.asarray(value)
     if arr.ndim == 0:
         return repr(arr.item())
@@ -35,7 +35,7 @@ def check_epsilon(epsilon, name: str = "epsilon") -> np.ndarray:
         raise InputError(f"{name} must not be empty, got {name}=[]")
     bad = ~np.isfinite(arr) | (arr <= 0)
     if bad.any():
-        raise InputError(f"{name} must be positive and finite, got {name}={_fmt(arr[bad].ravel()[0])}")
+        raise InputError(f"{name} must be positive and finite, got {name}={format_value(arr[bad].ravel()[0])}")
     return arr
 
 

@@ -348,7 +348,9 @@ def _discrete_outputs(params, table, labels, seed):
     return points[keep], {"support_size": int(keep.sum())}
 
 
-def _exact(params, labels, grid_size, seed):
+def exact_check(params, labels, grid_size, seed):
+    """The exact check of ``params`` (its ideal density) at ``labels``: the max log ratio (pure) or δ(ε), with
+    the quadrature details (``rpwjax audit`` and :mod:`rpwjax.audit.verify` both run it)."""
     eps, delta, pure = _claimed(params)
     table = _log_density_table(params)
     if params.discrete:
@@ -597,7 +599,7 @@ def audit_mechanism(
     check_epsilon(eps)
     with jax.enable_x64(True):
         labels = label_grid(params, label_grid_size)
-        exact = _exact(params, labels, grid_size, seed)
+        exact = exact_check(params, labels, grid_size, seed)
         lower_bound, empirical_pass, empirical_info = _empirical(params, exact, labels, samples, seed, bins, confidence)
     real = realized.check(params)
     grid_pass, grid_info = _output_grid_check(params, seed)

@@ -369,7 +369,7 @@ def _exact_stage(params, stated: dict, problems: list[str]) -> dict:
     eps2, delta = stated["epsilon_mechanism"], stated["delta"]
     try:
         with jax.enable_x64(True):
-            exact = audit._exact(params, audit.label_grid(params), audit.DEFAULT_GRID_SIZE, 0)
+            exact = audit.exact_check(params, audit.label_grid(params), audit.DEFAULT_GRID_SIZE, 0)
     except Exception as err:  # noqa: BLE001 - a record whose parameters break the check fails it
         problems.append(f"exact check could not run: {type(err).__name__}: {err}")
         return {}

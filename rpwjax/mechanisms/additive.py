@@ -46,7 +46,7 @@ import numpy as np
 from scipy import optimize, special
 
 from rpwjax.mechanisms.base import Mechanism, params_dataclass
-from rpwjax.errors import InputError, _fmt, check_choice, check_epsilon, check_range
+from rpwjax.errors import InputError, format_value, check_choice, check_epsilon, check_range
 
 CALIBRATIONS = ("analytic", "classic")
 GAMMA_RULES = ("mse", "l1")
@@ -205,8 +205,8 @@ class Laplace(_Additive):
         # a hand-edited scale below Δ/ε would silently weaken the guarantee
         if np.any(np.asarray(params.scale) < (params.hi - params.lo) / eps * (1 - 1e-12)):
             raise InputError(
-                f"Laplace scale must be at least (hi - lo)/epsilon, got scale={_fmt(params.scale)} "
-                f"for epsilon={_fmt(eps)} and range=({params.lo!r}, {params.hi!r})"
+                f"Laplace scale must be at least (hi - lo)/epsilon, got scale={format_value(params.scale)} "
+                f"for epsilon={format_value(eps)} and range=({params.lo!r}, {params.hi!r})"
             )
         return params
 
@@ -347,7 +347,7 @@ class Gaussian(_Additive):
             ok = (sigma > 0) & (gaussian_delta(np.maximum(sigma, 1e-300), eps, hi - lo) <= params.delta * (1 + 1e-9))
         if not np.all(ok):
             raise InputError(
-                f"Gaussian sigma={_fmt(sigma)} is too small for epsilon={_fmt(eps)}, delta={_fmt(params.delta)} "
+                f"Gaussian sigma={format_value(sigma)} is too small for epsilon={format_value(eps)}, delta={format_value(params.delta)} "
                 f"({params.calibration} calibration) on range=({lo!r}, {hi!r})"
             )
         return params
@@ -519,7 +519,7 @@ class Staircase(_Additive):
         check_choice(params.gamma_rule, "gamma_rule", (*GAMMA_RULES, "given"))
         g = np.asarray(params.gamma)
         if not np.all((g > 0) & (g < 1)):
-            raise InputError(f"gamma must be in (0, 1), got gamma={_fmt(g)}")
+            raise InputError(f"gamma must be in (0, 1), got gamma={format_value(g)}")
         return params
 
 
