@@ -497,10 +497,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_privatize_table)
 
     from rpwjax.api import MECHANISMS, PRIORS
+    from rpwjax.experiments.datasets import DATASETS
     from rpwjax.experiments.sweeps import VARIANTS
 
     p = sub.add_parser("curves", help="privacy-utility sweep: train MLPs on privatized labels, plot test MSE against epsilon")
-    p.add_argument("--dataset", choices=["california", "crime", "criteo-synthetic"], default=None)
+    p.add_argument("--dataset", choices=list(DATASETS), default=None)
     p.add_argument("--data", default=None, help="your own .csv/.parquet (numeric feature columns + label column)")
     p.add_argument("--label-column", default=None)
     p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range (with --data)")

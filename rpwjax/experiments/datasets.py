@@ -15,6 +15,11 @@ Bundled (inside the package, see ``rpwjax/data/PROVENANCE.md``):
   ``state, county, community, communityname, fold`` and ``racepctblack``,
   fill ``OtherPerCap``'s one gap with its mean, drop the 22 police (LEMAS)
   columns that still have gaps.
+* ``"randhie"``: the RAND Health Insurance Experiment, 20,190 × 9, target
+  ``mdvis`` (outpatient visits to an MD in a year: a count, zero-inflated and
+  heavy-tailed, the shape of conversion values) on the public range [0, 30]
+  with labels above clipped (30 visits a year, more than one every two
+  weeks, is a bound set from what the variable is, not from its values).
 * ``"criteo-synthetic"``: labels shaped like the Criteo Sponsored Search
   Conversion Log (zero-inflated, heavy-tailed on [0, 400]) with features
   that predict them; see :func:`criteo_synthetic`.
@@ -63,7 +68,8 @@ __all__ = [
 CALIFORNIA_RANGE = (0.14999, 5.00001)
 CRIME_RANGE = (0.0, 1.0)
 CRITEO_RANGE = (0.0, 400.0)
-DATASETS = ("california", "crime", "criteo-synthetic")
+RANDHIE_RANGE = (0.0, 30.0)
+DATASETS = ("california", "crime", "randhie", "criteo-synthetic")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -174,6 +180,19 @@ def _load_crime() -> Dataset:
     return _make_dataset("crime", features, labels, *CRIME_RANGE, kept, notes, label_name=target)
 
 
+RANDHIE_TARGET = "mdvis"
+
+
+def _load_randhie() -> Dataset:
+    table = pacsv.read_csv(pa.BufferReader(_data_bytes("randhie.csv.gz")))
+    names = [c for c in table.column_names if c != RANDHIE_TARGET]
+    features = np.column_stack([table[c].to_numpy().astype(np.float64) for c in names])
+    labels = table[RANDHIE_TARGET].to_numpy().astype(np.float64)
+    notes = [f"{RANDHIE_TARGET} clipped to the public range [{RANDHIE_RANGE[0]:g}, {RANDHIE_RANGE[1]:g}]"]
+    return _make_dataset("randhie", features, labels, *RANDHIE_RANGE, names, notes, clip=True,
+                         label_name=RANDHIE_TARGET)
+
+
 # --------------------------------------------------------------------------- synthetic Criteo
 
 # Shape of the synthetic Criteo labels, calibrated on the real 1,000-row sample
@@ -241,7 +260,7 @@ def criteo_synthetic(n: int = 100_000, seed: int = 0) -> Dataset:
 
 
 def load_dataset(name: str, *, n: int | None = None, seed: int = 0) -> Dataset:
-    """Load a bundled data set: ``"california"``, ``"crime"`` or ``"criteo-synthetic"``.
+    """Load a bundled data set: ``"california"``, ``"crime"``, ``"randhie"`` or ``"criteo-synthetic"``.
 
     ``n`` (default 100,000) and ``seed`` apply to ``"criteo-synthetic"`` only.
     """
@@ -251,7 +270,7 @@ def load_dataset(name: str, *, n: int | None = None, seed: int = 0) -> Dataset:
         raise InputError(f"dataset must be one of {', '.join(DATASETS)}, got dataset={name!r}")
     if n is not None:
         raise InputError(f"n= applies to the synthetic data set only, got n={n!r} for dataset={name!r}")
-    return _load_california() if name == "california" else _load_crime()
+    return {"california": _load_california, "crime": _load_crime, "randhie": _load_randhie}[name]()
 
 
 # --------------------------------------------------------------------------- user tables
