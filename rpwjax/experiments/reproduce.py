@@ -2,7 +2,10 @@
 
 Each job is one ``rpwjax curves`` run (same arguments a reader can run
 alone), written into its own folder of ``plots/``: the tidy ``results.csv``
-beside the figure drawn from it. The combined beyond-the-paper report
+beside the figure drawn from it. The paper's two settings: ``plots/DATASET/``
+(unknown prior: a private histogram costs ε₁) and ``plots/known-prior/DATASET/``
+(the prior assumed public), each with RPWithPrior in the default and the
+paper's configuration and debiased. The combined beyond-the-paper report
 (:func:`beyond_report`) then draws the paper-setting rows and the
 beyond-the-paper rows together, writes the rows it drew beside each figure,
 and writes the target table. The standard output of each job goes to
@@ -38,7 +41,12 @@ class Job:
 
 
 def _jobs() -> list[Job]:
-    jobs = [Job(d, d, ("--dataset", d, "--seeds", "3")) for d in DATASETS]
+    # the paper's two settings, each with the default and the paper's configuration and the debiased rows
+    jobs = [Job(d, d, ("--dataset", d, "--seeds", "3", "--config", "default", "paper", "--denoise", "debias"))
+            for d in DATASETS]
+    jobs += [Job(f"{d}-known-prior", f"known-prior/{d}", ("--dataset", d, "--seeds", "3", "--prior", "empirical",
+                                                            "--config", "default", "paper", "--denoise", "debias"))
+             for d in DATASETS]
     jobs += [Job(f"posterior-{d}", f"posterior-denoising/{d}",
                  ("--dataset", d, "--mechanisms", "rpwithprior", "rr-on-bins", "unbiased",
                   "--denoise", "rpwithprior", "rr-on-bins", "unbiased", "--epsilon", *LOW_EPSILONS, "--seeds", "3"))
