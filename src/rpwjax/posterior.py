@@ -21,9 +21,12 @@ Other mechanisms, point-mass priors (exact): the weighted sum
 Σ_j w_j p(ỹ | x_j) x_j / Σ_j w_j p(ỹ | x_j) from the exact log density.
 
 Discrete-output mechanisms (RR-on-Bins, Unbiased) under a histogram prior
-(exact): their pmf depends on the label only through cells bounded by
-``breakpoints()``, so the prior's bins are cut there into pieces on which
-p(ỹ | y) is constant; each piece enters with its mass and its mean.
+(exact): the prior's bins are cut at ``breakpoints()`` into uniform pieces.
+RR-on-Bins' pmf is constant in y on each piece, which then enters with its
+mass and its mean. Unbiased's pmf is linear in y between support points (a
+label mixes the two rows around it), so p(ỹ | y)·y is quadratic on a piece:
+each piece enters as its two Gauss-Legendre nodes (centre ± half-width/√3,
+half the mass each), exact for polynomials of degree 3.
 
 Additive mechanisms (Laplace, Gaussian, staircase) under a histogram prior
 (exact): p(ỹ | y) = f(ỹ - clip(y)) with f the noise density. The prior's bins
@@ -114,6 +117,19 @@ def _cell_pieces(params: Mechanism, prior: Prior):
     keep = mass > 0
     mids = 0.5 * (cuts[:-1] + cuts[1:])
     return mids[keep], mass[keep], first[keep] / mass[keep]
+
+
+def _linear_cell_points(params: Mechanism, prior: Prior):
+    """The prior's bins cut at the breakpoints, each piece as its two Gauss-Legendre nodes: (points, mass)."""
+    from .unbiased import _prior_pieces
+
+    left, right, mass = (np.asarray(v, np.float64).ravel() for v in (prior.left, prior.right, prior.mass))
+    cuts = np.concatenate([np.ravel(np.asarray(b, np.float64)) for b in params.breakpoints()])
+    a, b, m = _prior_pieces(left, right, mass, cuts)
+    keep = m > 0
+    a, b, m = a[keep], b[keep], m[keep]
+    centre, offset = 0.5 * (a + b), 0.5 * (b - a) / np.sqrt(3.0)
+    return np.concatenate([centre - offset, centre + offset]), np.concatenate([0.5 * m, 0.5 * m])
 
 
 def _snap_to_outputs(params: Mechanism, y_tilde: np.ndarray) -> np.ndarray:
@@ -400,6 +416,10 @@ def posterior_mean(params: Mechanism, prior: Prior, y_tilde) -> np.ndarray:
         if prior.discrete:
             points = values = jnp.asarray(prior.left)
             log_mass = jnp.log(jnp.asarray(prior.mass))
+        elif params.discrete and getattr(params, "pmf_linear_in_label", False):
+            nodes, mass = _linear_cell_points(params, prior)
+            points = values = jnp.asarray(nodes)
+            log_mass = jnp.log(jnp.asarray(mass))
         elif params.discrete:
             mids, mass, means = _cell_pieces(params, prior)
             points, values, log_mass = jnp.asarray(mids), jnp.asarray(means), jnp.log(jnp.asarray(mass))
