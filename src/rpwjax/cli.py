@@ -50,8 +50,8 @@ def _add_fit_options(p: argparse.ArgumentParser, *, many_epsilons: bool, require
         help="total privacy budget" + (" (one or more values)" if many_epsilons else ""),
     )
     p.add_argument("--zeta", default=None, help="RPWithPrior window half-width (label units) or 'auto' (default)")
-    p.add_argument("--objective", choices=["neighborhood", "inside"], default=None,
-                   help="RPWithPrior interval objective (default neighborhood)")
+    p.add_argument("--objective", choices=["neighborhood", "inside", "debiased"], default=None,
+                   help="RPWithPrior interval objective (default neighborhood; debiased: the label MSE after debiasing)")
     p.add_argument("--prior", choices=["private", "empirical"], default=None,
                    help="private (default): Hist_eps, epsilon_1 for a noisy histogram; empirical: the known-prior "
                         "setting (all of epsilon to the mechanism, private only if that prior is public)")

@@ -1,4 +1,5 @@
-r"""Posterior denoising: replace ỹ by E[Y | Ỹ = ỹ] under the prior the fit used.
+r"""Posterior denoising: replace ỹ by E[Y | Ỹ = ỹ] under the prior the fit used; and :func:`debias`,
+RPWithPrior's released labels made unbiased ((ỹ - b)/a, no prior needed).
 
 Post-processing of a private output, so it costs no privacy (the prior is the
 known prior, or the private histogram already paid for with ε₁). Among all
@@ -401,6 +402,29 @@ def _additive_posterior(params, prior: Prior, yt):
         padded = np.concatenate([part, np.full(chunk - part.size, params.lo)])
         parts.append(np.asarray(_additive_chunk(params, *args, jnp.asarray(padded)))[: part.size])
     return np.concatenate(parts).reshape(yt.shape) if parts else np.zeros(yt.shape)
+
+
+def debias(params: RPWithPrior, y_tilde) -> np.ndarray:
+    r"""(ỹ - b)/a: RPWithPrior's released labels made unbiased for y' = clip(y, A1, A2) (float64).
+
+    E[Ỹ | y] = a y' + b with a = 2ζ(1 - e^{-ε})/γ and b = e^{-ε}((A2 + ζ)² - (A1 - ζ)²)/(2γ)
+    (:mod:`rpwjax.rpwithprior`), so E[(Ỹ - b)/a | y] = y'. Post-processing of the released label: no
+    privacy cost, no prior needed. The result is not confined to [lo, hi] (like Laplace noise, it is
+    unbiased instead). Batched parameters (a leading ε axis E) take ``y_tilde`` with that leading axis,
+    e.g. the (E, n) output of :func:`rpwjax.release_grid`.
+    """
+    if not isinstance(params, RPWithPrior):
+        raise InputError(f"debias applies to rpwithprior parameters, got {getattr(params, 'name', type(params).__name__)}")
+    yt = np.asarray(y_tilde, np.float64)
+    with jax.enable_x64(True):
+        a, b = (np.asarray(v, np.float64) for v in params.debias_coefficients(jnp.float64))
+    if a.ndim:
+        if yt.ndim < a.ndim or yt.shape[: a.ndim] != a.shape:
+            raise InputError(f"batched parameters of shape {a.shape} need y_tilde with that leading shape, "
+                             f"got shape {yt.shape}")
+        a = a.reshape(a.shape + (1,) * (yt.ndim - a.ndim))
+        b = b.reshape(b.shape + (1,) * (yt.ndim - b.ndim))
+    return (yt - b) / a
 
 
 def posterior_mean(params: Mechanism, prior: Prior, y_tilde) -> np.ndarray:
