@@ -360,6 +360,7 @@ def cmd_curves(args) -> int:
         bins=args.bins,
         denoise=tuple(args.denoise or ()),
         variants=tuple(args.variants or ()),
+        configs=tuple(dict.fromkeys(args.config)),
     )
     return _sweep(train_test_split(dataset, seed=0), config, args.out, args.quiet)
 
@@ -523,8 +524,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prior-epsilon", type=float, default=None, help="epsilon_1 (default 0.1*epsilon)")
     p.add_argument("--bins", type=int, default=DEFAULT_BINS_CLI, help=f"1 to {MAX_BINS} (default {DEFAULT_BINS_CLI})")
     p.add_argument("--clip", action="store_true", help="clip labels outside --range")
-    p.add_argument("--denoise", nargs="+", choices=list(MECHANISMS), default=None, metavar="NAME",
-                   help="also evaluate these mechanisms after posterior denoising (rows NAME+posterior)")
+    p.add_argument("--denoise", nargs="+", choices=[*MECHANISMS, "debias"], default=None, metavar="NAME",
+                   help="also evaluate these mechanisms after posterior denoising (rows NAME+posterior); debias: "
+                        "RPWithPrior fitted for the debiased label MSE, trained on (y~ - b)/a (rows rpwithprior+debias)")
+    p.add_argument("--config", nargs="+", choices=["default", "paper"], default=["default"],
+                   help="default, and/or paper: RPWithPrior as the authors' code runs it (zeta 0.7 on california, "
+                        "0.4 on crime, capped at (A2-A1)/2; objective inside; epsilon_1 0.017 / epsilon/3)")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None, metavar="NAME",
                    help="also run these beyond-the-paper pipelines: " + ", ".join(VARIANTS))
     p.add_argument("--out", required=True, help="output directory (results.csv and plots)")
