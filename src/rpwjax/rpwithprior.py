@@ -416,7 +416,8 @@ def _fit_debiased(prior: Prior, eps_grid: np.ndarray, zetas):
                                             jnp.asarray(eps_grid, jnp.float64), search_zeta=zetas is None,
                                             prior_batched=batched, zeta_batched=zetas is not None)
     a1, a2, z, value = (np.asarray(v, np.float64) for v in (a1, a2, z, value))
-    return lo + width * a1, np.minimum(lo + width * a2, hi), width * z, value * width**2
+    a2 = np.minimum(lo + width * a2, hi)  # lo <= A1 <= A2 <= hi also after rounding
+    return np.minimum(lo + width * a1, a2), a2, width * z, value * width**2
 
 
 def fit_rpwithprior(prior: Prior, epsilon, *, zeta="auto", objective: str = "neighborhood", shrink_zeta: bool = False):
