@@ -146,7 +146,7 @@ def fit(
         and the parameters are functions of the labels), or a :class:`Prior`
         the caller vouches for (e.g. public knowledge). Mechanisms that do not
         use a prior ignore it and get all of ε.
-      prior_epsilon: ε₁ (must be < every ε); default ``0.1·ε`` per ε.
+      prior_epsilon: ε₁ (must be < every ε), one value or one per ε; default ``0.1·ε`` per ε.
       secret: the :class:`~rpwjax.keys.Secret` the histogram noise is drawn
         from; default: fresh OS entropy.
       seed: EXPERIMENTS ONLY, instead of ``secret``: an integer expanded into a
@@ -182,14 +182,17 @@ def fit(
             if prior_epsilon is None:
                 eps1 = DEFAULT_PRIOR_FRACTION * grid
             else:
-                e1 = float(check_epsilon(prior_epsilon, "prior_epsilon"))
-                too_big = grid <= e1
+                e1 = check_epsilon(prior_epsilon, "prior_epsilon")
+                if e1.ndim and e1.shape != grid.shape:
+                    raise InputError(f"prior_epsilon needs one value or one per epsilon: {e1.size} values for "
+                                     f"{grid.size} epsilons")
+                eps1 = np.broadcast_to(e1, grid.shape).astype(np.float64)
+                too_big = grid <= eps1
                 if too_big.any():
                     raise InputError(
-                        f"prior_epsilon must be smaller than epsilon, got prior_epsilon={e1!r} "
+                        f"prior_epsilon must be smaller than epsilon, got prior_epsilon={float(eps1[too_big][0])!r} "
                         f"for epsilon={float(grid[too_big][0])!r}"
                     )
-                eps1 = np.full_like(grid, e1)
             if secret is not None and seed is not None:
                 raise InputError("give either secret or seed, not both")
             if secret is None:

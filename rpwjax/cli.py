@@ -50,8 +50,8 @@ def _add_fit_options(p: argparse.ArgumentParser, *, many_epsilons: bool, require
         help="total privacy budget" + (" (one or more values)" if many_epsilons else ""),
     )
     p.add_argument("--zeta", default=None, help="RPWithPrior window half-width (label units) or 'auto' (default)")
-    p.add_argument("--objective", choices=["neighborhood", "inside"], default=None,
-                   help="RPWithPrior interval objective (default neighborhood)")
+    p.add_argument("--objective", choices=["neighborhood", "inside", "debiased"], default=None,
+                   help="RPWithPrior interval objective (default neighborhood; debiased: the label MSE after debiasing)")
     p.add_argument("--prior", choices=["private", "empirical"], default=None,
                    help="private (default): Hist_eps, epsilon_1 for a noisy histogram; empirical: the known-prior "
                         "setting (all of epsilon to the mechanism, private only if that prior is public)")
@@ -333,6 +333,7 @@ def cmd_curves(args) -> int:
         bins=args.bins,
         denoise=tuple(args.denoise or ()),
         variants=tuple(args.variants or ()),
+        configs=tuple(dict.fromkeys(args.config)),
     )
     return _sweep(train_test_split(dataset, seed=0), config, args.out, args.quiet)
 
@@ -359,8 +360,8 @@ def cmd_privatize_table(args) -> int:
 
 def cmd_bench(args) -> int:
     """Run the benchmarks; exit code 1 if any case failed (its error is in results.json)."""
-    from rpwjax.bench.plans import PLANS
-    from rpwjax.bench.report import run_plan, summary
+    from rpwjax.bench.suite.plans import PLANS
+    from rpwjax.bench.suite.report import run_plan, summary
     from rpwjax.errors import InputError
 
     if args.repeats is not None and args.repeats < 1:
@@ -416,7 +417,7 @@ def cmd_audit(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from rpwjax.experiments.reproduce import beyond_report, run_jobs
+    from rpwjax.experiments.sweeps.reproduce import beyond_report, run_jobs
 
     if not args.report_only:
         for name, seconds in run_jobs(args.out, args.only):
@@ -513,15 +514,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prior-epsilon", type=float, default=None, help="epsilon_1 (default 0.1*epsilon)")
     p.add_argument("--bins", type=int, default=DEFAULT_BINS_CLI, help=f"1 to {MAX_BINS} (default {DEFAULT_BINS_CLI})")
     p.add_argument("--clip", action="store_true", help="clip labels outside --range")
-    p.add_argument("--denoise", nargs="+", choices=list(MECHANISMS), default=None, metavar="NAME",
-                   help="also evaluate these mechanisms after posterior denoising (rows NAME+posterior)")
+    p.add_argument("--denoise", nargs="+", choices=[*MECHANISMS, "debias"], default=None, metavar="NAME",
+                   help="also evaluate these mechanisms after posterior denoising (rows NAME+posterior); debias: "
+                        "RPWithPrior fitted for the debiased label MSE, trained on (y~ - b)/a (rows rpwithprior+debias)")
+    p.add_argument("--config", nargs="+", choices=["default", "paper"], default=["default"],
+                   help="default, and/or paper: RPWithPrior as the authors' code runs it (zeta 0.7 on california, "
+                        "0.4 on crime, capped at (A2-A1)/2; objective inside; epsilon_1 0.017 / epsilon/3)")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None, metavar="NAME",
                    help="also run these beyond-the-paper pipelines: " + ", ".join(VARIANTS))
     p.add_argument("--out", required=True, help="output directory (results.csv and plots)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_curves)
 
-    from rpwjax.bench.plans import FAMILIES, PLANS
+    from rpwjax.bench.suite.plans import FAMILIES, PLANS
 
     p = sub.add_parser("bench", help="runtime benchmarks against baselines and the hardware floor: results.json, plots")
     p.add_argument("--quick", action="store_true",

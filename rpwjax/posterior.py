@@ -1,4 +1,5 @@
-r"""Posterior denoising: replace ỹ by E[Y | Ỹ = ỹ] under the prior the fit used.
+r"""Posterior denoising: replace ỹ by E[Y | Ỹ = ỹ] under the prior the fit used; and :func:`debias`,
+RPWithPrior's released labels made unbiased ((ỹ - b)/a, no prior needed).
 
 Post-processing of a private output, so it costs no privacy (the prior is the
 known prior, or the private histogram already paid for with ε₁). Among all
@@ -21,9 +22,12 @@ Other mechanisms, point-mass priors (exact): the weighted sum
 Σ_j w_j p(ỹ | x_j) x_j / Σ_j w_j p(ỹ | x_j) from the exact log density.
 
 Discrete-output mechanisms (RR-on-Bins, Unbiased) under a histogram prior
-(exact): their pmf depends on the label only through cells bounded by
-``breakpoints()``, so the prior's bins are cut there into pieces on which
-p(ỹ | y) is constant; each piece enters with its mass and its mean.
+(exact): the prior's bins are cut at ``breakpoints()`` into uniform pieces.
+RR-on-Bins' pmf is constant in y on each piece, which then enters with its
+mass and its mean. Unbiased's pmf is linear in y between support points (a
+label mixes the two rows around it), so p(ỹ | y)·y is quadratic on a piece:
+each piece enters as its two Gauss-Legendre nodes (centre ± half-width/√3,
+half the mass each), exact for polynomials of degree 3.
 
 Additive mechanisms (Laplace, Gaussian, staircase) under a histogram prior
 (exact): p(ỹ | y) = f(ỹ - clip(y)) with f the noise density. The prior's bins
@@ -70,7 +74,7 @@ from jax.scipy.special import logsumexp
 from rpwjax.mechanisms.additive import Gaussian, Laplace, Staircase
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.errors import InputError
-from rpwjax.priors import Prior
+from rpwjax.priors import Prior, cut_pieces
 from rpwjax.mechanisms.rpwithprior import RPWithPrior
 
 _CHUNK = 1 << 14
@@ -114,6 +118,17 @@ def _cell_pieces(params: Mechanism, prior: Prior):
     keep = mass > 0
     mids = 0.5 * (cuts[:-1] + cuts[1:])
     return mids[keep], mass[keep], first[keep] / mass[keep]
+
+
+def _linear_cell_points(params: Mechanism, prior: Prior):
+    """The prior's bins cut at the breakpoints, each piece as its two Gauss-Legendre nodes: (points, mass)."""
+    left, right, mass = (np.asarray(v, np.float64).ravel() for v in (prior.left, prior.right, prior.mass))
+    cuts = np.concatenate([np.ravel(np.asarray(b, np.float64)) for b in params.breakpoints()])
+    a, b, m = cut_pieces(left, right, mass, cuts)
+    keep = m > 0
+    a, b, m = a[keep], b[keep], m[keep]
+    centre, offset = 0.5 * (a + b), 0.5 * (b - a) / np.sqrt(3.0)
+    return np.concatenate([centre - offset, centre + offset]), np.concatenate([0.5 * m, 0.5 * m])
 
 
 def _snap_to_outputs(params: Mechanism, y_tilde: np.ndarray) -> np.ndarray:
@@ -387,6 +402,29 @@ def _additive_posterior(params, prior: Prior, yt):
     return np.concatenate(parts).reshape(yt.shape) if parts else np.zeros(yt.shape)
 
 
+def debias(params: RPWithPrior, y_tilde) -> np.ndarray:
+    r"""(ỹ - b)/a: RPWithPrior's released labels made unbiased for y' = clip(y, A1, A2) (float64).
+
+    E[Ỹ | y] = a y' + b with a = 2ζ(1 - e^{-ε})/γ and b = e^{-ε}((A2 + ζ)² - (A1 - ζ)²)/(2γ)
+    (:mod:`rpwjax.mechanisms.rpwithprior`), so E[(Ỹ - b)/a | y] = y'. Post-processing of the released label: no
+    privacy cost, no prior needed. The result is not confined to [lo, hi] (like Laplace noise, it is
+    unbiased instead). Batched parameters (a leading ε axis E) take ``y_tilde`` with that leading axis,
+    e.g. the (E, n) output of :func:`rpwjax.release_grid`.
+    """
+    if not isinstance(params, RPWithPrior):
+        raise InputError(f"debias applies to rpwithprior parameters, got {getattr(params, 'name', type(params).__name__)}")
+    yt = np.asarray(y_tilde, np.float64)
+    with jax.enable_x64(True):
+        a, b = (np.asarray(v, np.float64) for v in params.debias_coefficients(jnp.float64))
+    if a.ndim:
+        if yt.ndim < a.ndim or yt.shape[: a.ndim] != a.shape:
+            raise InputError(f"batched parameters of shape {a.shape} need y_tilde with that leading shape, "
+                             f"got shape {yt.shape}")
+        a = a.reshape(a.shape + (1,) * (yt.ndim - a.ndim))
+        b = b.reshape(b.shape + (1,) * (yt.ndim - b.ndim))
+    return (yt - b) / a
+
+
 def posterior_mean(params: Mechanism, prior: Prior, y_tilde) -> np.ndarray:
     """E[Y | Ỹ = ỹ] for each ỹ (float64), under ``prior``; ``params`` unbatched."""
     if params.batch_shape != ():
@@ -400,6 +438,10 @@ def posterior_mean(params: Mechanism, prior: Prior, y_tilde) -> np.ndarray:
         if prior.discrete:
             points = values = jnp.asarray(prior.left)
             log_mass = jnp.log(jnp.asarray(prior.mass))
+        elif params.discrete and getattr(params, "pmf_linear_in_label", False):
+            nodes, mass = _linear_cell_points(params, prior)
+            points = values = jnp.asarray(nodes)
+            log_mass = jnp.log(jnp.asarray(mass))
         elif params.discrete:
             mids, mass, means = _cell_pieces(params, prior)
             points, values, log_mass = jnp.asarray(mids), jnp.asarray(means), jnp.log(jnp.asarray(mass))
@@ -448,14 +490,51 @@ def _discrete_posterior_rows(params, priors, y_tilde, cuts, mids):
 
 _discrete_posterior_rows_jit = jax.jit(_discrete_posterior_rows)
 
+_LINEAR_ROW_CHUNK = 256  # rows per call of the linear-pmf form: it holds (rows, cells, bins) moments
+
+
+def _moments_below(left, right, mass, cuts):
+    """E[Y^k; Y <= cut] for k = 0, 1, 2, per row and cut, of histogram priors with bins (left, right, mass)."""
+    l, r, m = left[:, None, :], right[:, None, :], mass[:, None, :]
+    c = cuts[None, :, None]
+    width = r - l
+    point = width <= 0
+    safe = jnp.where(point, 1.0, width)
+    x = jnp.clip(c, l, r)
+    below = (l <= c).astype(l.dtype)
+    f0 = jnp.where(point, below, (x - l) / safe)
+    f1 = jnp.where(point, l * below, (x**2 - l**2) / (2 * safe))
+    f2 = jnp.where(point, l**2 * below, (x**3 - l**3) / (3 * safe))
+    return jnp.sum(m * f0, -1), jnp.sum(m * f1, -1), jnp.sum(m * f2, -1)
+
+
+@jax.jit
+def _linear_posterior_rows(params, priors, y_tilde, cuts):
+    """Per-row posterior of a pmf that is linear in y on each cell [cut_c, cut_{c+1}]: p(ỹ | y) = α + β y there,
+    so E[Y p; cell] = α M1 + β M2 and E[p; cell] = α M0 + β M1 with the cell's prior moments (exact)."""
+    m0, m1, m2 = (jnp.diff(v, axis=1) for v in _moments_below(priors.left, priors.right, priors.mass, cuts))
+    a, b = cuts[:-1], cuts[1:]
+    shape = m0.shape
+    log_a = params.log_density(y_tilde[:, None], jnp.broadcast_to(a[None], shape))
+    log_b = params.log_density(y_tilde[:, None], jnp.broadcast_to(b[None], shape))
+    top = jnp.max(jnp.maximum(log_a, log_b), axis=1, keepdims=True)
+    pa, pb = jnp.exp(log_a - top), jnp.exp(log_b - top)
+    slope = (pb - pa) / (b - a)[None]
+    alpha = pa - slope * a[None]
+    numerator = jnp.sum(alpha * m1 + slope * m2, axis=1)
+    denominator = jnp.sum(alpha * m0 + slope * m1, axis=1)
+    return numerator / denominator
+
 
 def posterior_mean_per_row(params, priors: Prior, y_tilde) -> np.ndarray:
     """E_{π_i}[Y | Ỹ = ỹ_i] with one prior per row (a batched histogram Prior), exact.
 
     RPWithPrior: ``params`` batched over rows (one interval each) or one fit
-    shared by all rows; closed form. RR-on-Bins and Unbiased (one shared fit):
-    their pmf is constant in y between consecutive ``breakpoints()``, so each
-    row's prior enters through its mass and mean on those cells.
+    shared by all rows; closed form. RR-on-Bins (one shared fit): its pmf is
+    constant in y between consecutive ``breakpoints()``, so each row's prior
+    enters through its mass and mean on those cells. Unbiased (one shared
+    fit): its pmf is linear in y between support points, so each row's prior
+    enters through its zeroth, first and second moments on those cells.
     """
     y = np.asarray(y_tilde, np.float64).reshape(-1)
     n = y.size
@@ -477,6 +556,12 @@ def posterior_mean_per_row(params, priors: Prior, y_tilde) -> np.ndarray:
             cuts = np.unique(np.clip(np.concatenate([[lo, hi], *bps]), lo, hi))
             mids = jnp.asarray(0.5 * (cuts[:-1] + cuts[1:]))
             snapped = _snap_to_outputs(params, y)
+            if getattr(params, "pmf_linear_in_label", False):
+                for i in range(0, n, _LINEAR_ROW_CHUNK):
+                    out.append(np.asarray(_linear_posterior_rows(
+                        params, _prior_rows(priors, i, i + _LINEAR_ROW_CHUNK),
+                        jnp.asarray(snapped[i : i + _LINEAR_ROW_CHUNK]), jnp.asarray(cuts))))
+                return np.concatenate(out) if out else np.zeros(0)
             for i in range(0, n, _ROW_CHUNK):
                 out.append(np.asarray(_discrete_posterior_rows_jit(
                     params, _prior_rows(priors, i, i + _ROW_CHUNK), jnp.asarray(snapped[i : i + _ROW_CHUNK]), jnp.asarray(cuts), mids)))

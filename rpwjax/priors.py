@@ -148,6 +148,24 @@ def histogram_prior(edges, masses, *, kind: str = "histogram") -> Prior:
     return Prior(e[:-1], e[1:], m, float(e[0]), float(e[-1]), False, kind)
 
 
+def cut_pieces(left, right, mass, cuts):
+    """The prior's bins cut at ``cuts``: (a, b, m) per piece, uniform on [a, b] (a == b: a point mass)."""
+    point = right <= left
+    pa, pb, pm = [left[point]], [left[point]], [mass[point]]
+    l, r, m = left[~point], right[~point], mass[~point]
+    if l.size:
+        edges = np.unique(np.concatenate([l, r, cuts[(cuts > l.min()) & (cuts < r.max())]]))
+        a, b = edges[:-1], edges[1:]
+        mid = 0.5 * (a + b)
+        bin_ = np.clip(np.searchsorted(l, mid, side="right") - 1, 0, l.size - 1)
+        inside = mid < r[bin_]
+        a, b, bin_ = a[inside], b[inside], bin_[inside]
+        pa.append(a)
+        pb.append(b)
+        pm.append(m[bin_] * (b - a) / (r[bin_] - l[bin_]))
+    return np.concatenate(pa), np.concatenate(pb), np.concatenate(pm)
+
+
 def project_counts(noisy, total: float) -> np.ndarray:
     """Least-squares post-processing of noisy counts whose true total is public:
     the closest (L2) c >= 0 with sum(c) = total, i.e. c = max(noisy - tau, 0) for one shift tau.

@@ -117,3 +117,94 @@ def test_variants_join_the_sweep_and_the_target_table_compares_them(crime_split)
     assert "| crime | 1 |" in format_target_table(table)
     with pytest.raises(InputError, match="variant='magic'"):
         SweepConfig(variants=("magic",)).validate()
+
+
+def test_paper_config_and_debias_rows(crime_split):
+    from rpwjax.experiments.sweeps import PAPER_CONFIG
+    from rpwjax.posterior import debias
+
+    config = SweepConfig(mechanisms=("rpwithprior",), configs=("default", "paper"), denoise=("debias",),
+                         epsilons=(0.5, 2.0), seeds=1, epochs=1)
+    rows = run_sweep(crime_split, config, progress=False)
+    cells = {(r["mechanism"], r["config"], r["epsilon"]) for r in rows if r["mechanism"] != NON_PRIVATE}
+    assert cells == {(m, c, e) for m, c in (("rpwithprior", "default"), ("rpwithprior", "paper"),
+                                            ("rpwithprior+debias", "default")) for e in (0.5, 2.0)}
+    assert {r["prior"] for r in rows} == {"private"}
+    y, lo, hi = crime_split.y_train, crime_split.lo, crime_split.hi
+    eps = np.array([0.5, 2.0])
+    # the paper config: ζ = 0.4 capped at (A2 - A1)/2, objective inside, ε₁ = ε/3 on crime
+    settings = config.fit_settings("crime", "rpwithprior", "paper", eps)
+    paper = api.fit("rpwithprior", y, range=(lo, hi), epsilon=eps, seed=10_000, **settings)
+    np.testing.assert_allclose(paper.epsilon_prior, eps / 3)
+    half = 0.5 * (np.asarray(paper.params.a2) - np.asarray(paper.params.a1))
+    np.testing.assert_allclose(paper.params.zeta, np.where((half > 0) & (half < 0.4), half, 0.4))
+    assert paper.params.objective == "inside"
+    noisy = privatize_grid(paper, 0, "rpwithprior", y)
+    got = {r["epsilon"]: r["label_mse"] for r in rows if r["config"] == "paper"}
+    np.testing.assert_array_equal([got[e] for e in eps], np.mean((noisy - y) ** 2, axis=1))
+    # California: a fixed ε₁ = 0.017 and ζ = 0.7
+    cal = config.fit_settings("california", "rpwithprior", "paper", eps)
+    assert cal["prior_epsilon"] == 0.017 and cal["zeta"] == PAPER_CONFIG["california"]["zeta"] == 0.7
+    # the debias rows: the debiased-objective fit, its released labels debiased, same keys as rpwithprior
+    fit = api.fit("rpwithprior", y, range=(lo, hi), epsilon=eps, seed=10_000, objective="debiased",
+                  **config.fit_settings("crime", "rpwithprior", "default", eps))
+    clean = debias(fit.params, privatize_grid(fit, 0, "rpwithprior", y))
+    got = {r["epsilon"]: r["label_mse"] for r in rows if r["mechanism"] == "rpwithprior+debias"}
+    np.testing.assert_array_equal([got[e] for e in eps], np.mean((clean - y) ** 2, axis=1))
+    # the summary keeps the configs apart, and so do the table and the target table
+    summary = summarize(rows)
+    assert len([s for s in summary if s["mechanism"] == "rpwithprior" and s["epsilon"] == 0.5]) == 2
+    from rpwjax.experiments.sweeps import format_table, target_table
+
+    text = format_table(summary)
+    assert "rpwithprior [paper]" in text and "rpwithprior+debias" in text
+    assert {t["baseline"] for t in target_table(summary)} <= {"rpwithprior", "rpwithprior [paper]"}
+
+
+def test_paper_config_is_refused_where_it_is_not_defined(crime_split):
+    with pytest.raises(InputError, match="rpwithprior only"):
+        SweepConfig(mechanisms=("rpwithprior", "laplace"), configs=("paper",)).validate()
+    with pytest.raises(InputError, match="config='magic'"):
+        SweepConfig(configs=("magic",)).validate()
+    with pytest.raises(InputError, match="denoise='magic'"):
+        SweepConfig(denoise=("magic",)).validate()
+    with pytest.raises(InputError, match="data sets california, crime"):
+        SweepConfig(mechanisms=("rpwithprior",), configs=("paper",)).fit_settings("mine", "rpwithprior", "paper",
+                                                                                   np.array([1.0]))
+
+
+def test_settings_are_never_averaged_together_and_old_rows_read_as_the_default(tmp_path):
+    from rpwjax.experiments.sweeps import format_table, write_rows
+    from rpwjax.experiments.plots import plot_curves
+
+    base = dict(dataset="crime", mechanism="rpwithprior", epsilon=1.0, seed=0, label_mse=0.1, fit_seconds=0.0,
+                sample_seconds=0.0)
+    rows = [dict(base, prior="private", config="default", test_mse=1.0),
+            dict(base, prior="private", config="paper", test_mse=2.0),
+            dict(base, prior="empirical", config="default", test_mse=4.0),
+            dict(base, seed=1, prior="private", config="default", test_mse=3.0)]
+    summary = summarize(rows)
+    means = {(s["prior"], s["config"]): s["test_mse_mean"] for s in summary}
+    assert means == {("private", "default"): 2.0, ("private", "paper"): 2.0, ("empirical", "default"): 4.0}
+    old = [{k: v for k, v in r.items() if k not in ("prior", "config")} for r in rows[:1]]  # a committed CSV's row
+    assert summarize(old)[0]["prior"] == "private" and summarize(old)[0]["config"] == "default"
+    text = format_table(summary)
+    assert "crime (private prior)" in text and "crime (empirical prior)" in text and "rpwithprior [paper]" in text
+    paths = plot_curves(rows, tmp_path)
+    assert sorted(p.name for p in paths) == ["crime_empirical_curves.png", "crime_private_curves.png"]
+    write_rows(rows, tmp_path / "results.csv")
+    back = pacsv.read_csv(tmp_path / "results.csv").to_pylist()
+    assert [(r["prior"], r["config"]) for r in back] == [(r["prior"], r["config"]) for r in rows]
+
+
+def test_curves_cli_known_prior_paper_config_and_debias(tmp_path, capsys):
+    code = cli.main(["curves", "--dataset", "crime", "--mechanisms", "rpwithprior", "--config", "default", "paper",
+                     "--denoise", "debias", "--prior", "empirical", "--epsilon", "1", "--seeds", "1", "--epochs", "1",
+                     "--out", str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = pacsv.read_csv(tmp_path / "results.csv").to_pylist()
+    assert {(r["mechanism"], r["prior"], r["config"]) for r in rows} == {
+        ("rpwithprior", "empirical", "default"), ("rpwithprior", "empirical", "paper"),
+        ("rpwithprior+debias", "empirical", "default"), (NON_PRIVATE, "empirical", "default")}
+    assert "crime (empirical prior)" in out and "rpwithprior [paper]" in out

@@ -63,8 +63,10 @@ def test_discrete_mechanisms_on_a_histogram_prior_match_a_fine_discretisation(me
     xs = np.concatenate([l + (np.arange(fine) + 0.5) * (r - l) / fine for l, r in zip(edges[:-1], edges[1:])])
     ws = np.repeat(np.asarray(hist.mass) / fine, fine)
     approx = empirical_prior(xs, 0, 1, weights=ws)
+    # RR-on-Bins' cells do not align with the fine grid; Unbiased's pmf is linear between support points
+    # (bin centres and the ends, aligned with it), where treating it as constant would be off by ~2e-3
     np.testing.assert_allclose(posterior_mean(fit.params, hist, outputs), _generic(fit.params, approx, outputs),
-                               atol=5e-5)
+                               atol=5e-5 if mechanism == "rr-on-bins" else 1e-9)
 
 
 def test_float32_discrete_outputs_are_recognised_and_impossible_ones_refused(rng):

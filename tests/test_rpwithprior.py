@@ -489,3 +489,141 @@ def test_warm_start_from_coarse_prior_gives_the_same_exact_optimum(rng):
     np.testing.assert_array_equal(warm.a1, np.asarray(a1))
     np.testing.assert_array_equal(warm.a2, np.asarray(a2))
     np.testing.assert_allclose(info["objective_value"], np.asarray(value), rtol=1e-13)
+
+
+# ----------------------------------------------------------------- debiasing (post-processing)
+
+
+_debiased_label_mse_grid = jax.jit(jax.vmap(lambda p, q: p.debiased_label_mse(q), in_axes=(0, None)))
+_debiased_variance = jax.jit(lambda p, y: p.debiased_variance(y))
+_debiased_mse = jax.jit(lambda p, y: p.debiased_mse(y))
+_log_density = jax.jit(lambda p, t, y: p.log_density(t, y))
+
+
+def _density_moments(p, y, power):
+    """∫ ((t - b)/a)^power p(t | y) dt from the mechanism's own log_density, exact on its three constant pieces."""
+    a, b = (float(v) for v in p.debias_coefficients())
+    yc = float(np.clip(y, p.a1, p.a2))
+    zeta = float(p.zeta)
+    edges = [float(p.a1) - zeta, yc - zeta, yc + zeta, float(p.a2) + zeta]
+    nodes, weights = np.polynomial.legendre.leggauss(4)
+    total = 0.0
+    for left, right in zip(edges[:-1], edges[1:]):
+        t = 0.5 * (left + right) + 0.5 * (right - left) * nodes
+        density = np.exp(float(_log_density(p, jnp.float64(0.5 * (left + right)), jnp.float64(y))))
+        total += float(density * np.sum(0.5 * (right - left) * weights * ((t - b) / a) ** power))
+    return total
+
+
+def test_debias_coefficients_match_the_mechanisms_own_bias(rng):
+    prior = empirical_prior(rng.beta(2, 5, 3000), 0, 1)
+    params, _ = fit_rpwithprior(prior, np.array([0.3, 1.0, 4.0]), zeta="auto")
+    y = np.linspace(0.0, 1.0, 41)
+    with jax.enable_x64(True):
+        for i in range(3):
+            p = params[i]
+            a, b = (float(v) for v in p.debias_coefficients())
+            eps, zeta, a1, a2 = (float(v) for v in (p.epsilon, p.zeta, p.a1, p.a2))
+            gamma = 2 * zeta + np.exp(-eps) * (a2 - a1)
+            assert a == pytest.approx(2 * zeta * (1 - np.exp(-eps)) / gamma, rel=1e-12)
+            assert b == pytest.approx(np.exp(-eps) * ((a2 + zeta) ** 2 - (a1 - zeta) ** 2) / (2 * gamma), rel=1e-12)
+            mean = y + np.asarray(p.bias(jnp.asarray(y)))  # E[Ỹ | y] from the three pieces
+            np.testing.assert_allclose(mean, a * np.clip(y, a1, a2) + b, rtol=0, atol=1e-12)
+            # E[(Ỹ - b)/a | y] = y' and its variance, by integrating the density
+            for label in (0.0, a1, 0.5 * (a1 + a2), a2, 1.0, 0.37):
+                target = float(np.clip(label, a1, a2))
+                assert _density_moments(p, label, 1) == pytest.approx(target, abs=1e-9)
+                second = _density_moments(p, label, 2)
+                assert second - target**2 == pytest.approx(float(_debiased_variance(p, jnp.float64(label))), rel=1e-9)
+                assert float(_debiased_mse(p, jnp.float64(label))) == pytest.approx(
+                    second - 2 * label * target + label**2, rel=1e-9, abs=1e-12)
+
+
+def test_debiased_release_is_unbiased_inside_the_interval(rng):
+    from rpwjax.posterior import debias
+
+    labels = rng.beta(2, 5, 4000)
+    fit = rpwjax.fit("rpwithprior", labels, range=(0, 1), epsilon=[1.0, 4.0], prior="private", seed=2,
+                     objective="debiased")
+    n = 200_000
+    with jax.enable_x64(True):
+        for i in range(2):
+            p = fit.params[i]
+            a1, a2 = float(p.a1), float(p.a2)
+            for k, y in enumerate((a1, 0.5 * (a1 + a2), a2, a1 + 0.2 * (a2 - a1))):
+                released = rpwjax.release(p, Secret.from_seed(50 + 10 * i + k), np.full(n, y))
+                clean = debias(p, released)
+                se = float(np.sqrt(_debiased_variance(p, jnp.float64(y)))) / np.sqrt(n)
+                assert abs(clean.mean() - y) <= 4.5 * se, (i, y, clean.mean(), se)
+    # batched parameters take the (E, n) output of release_grid; the plain released labels are biased
+    grid = rpwjax.release_grid(fit.params, Secret.from_seed(9), np.full(n, float(fit.params.a2[0])))
+    clean = debias(fit.params, grid)
+    assert clean.shape == grid.shape
+    np.testing.assert_array_equal(clean[1], debias(fit.params[1], grid[1]))
+    assert abs(grid[0].mean() - float(fit.params.a2[0])) > 10 * grid[0].std() / np.sqrt(n)
+    with pytest.raises(rpwjax.InputError, match="leading shape"):
+        debias(fit.params, grid[0])
+    with pytest.raises(rpwjax.InputError, match="rpwithprior"):
+        debias(rpwjax.fit("laplace", labels, range=(0, 1), epsilon=1.0).params, grid[0])
+
+
+@pytest.mark.parametrize("kind", ["empirical", "histogram"])
+def test_debiased_fit_beats_the_neighbourhood_fit_on_debiased_mse(kind, rng):
+    labels = rng.beta(2, 5, 3000)
+    if kind == "empirical":
+        prior = empirical_prior(labels, 0, 1)
+    else:
+        prior = histogram_prior(np.linspace(0, 1, 17), np.histogram(labels, np.linspace(0, 1, 17))[0])
+    eps = np.array([0.5, 1.0, 2.0, 4.0, 8.0])
+    debiased, info = fit_rpwithprior(prior, eps, zeta="auto", objective="debiased")
+    plain, _ = fit_rpwithprior(prior, eps, zeta="auto")
+    assert debiased.objective == "debiased"
+    with jax.enable_x64(True):
+        ours, theirs = (np.asarray(_debiased_label_mse_grid(p, prior)) for p in (debiased, plain))
+    np.testing.assert_allclose(info["objective_value"], ours, rtol=1e-10)  # the search's objective is the exact one
+    assert np.all(ours < theirs), (ours, theirs)
+    # one ε alone gives its row of the vmapped fit
+    one, _ = fit_rpwithprior(prior, 2.0, objective="debiased")
+    assert float(one.zeta) == pytest.approx(float(debiased.zeta[2]), rel=1e-12)
+    assert float(one.a1) == pytest.approx(float(debiased.a1[2]), abs=1e-12)
+
+
+def test_debiased_search_reaches_a_dense_brute_force_grid(rng):
+    prior = histogram_prior(np.linspace(0, 1, 13), rng.random(12) + 0.05)
+    ends = np.linspace(0, 1, 81)
+    a1, a2 = (v.ravel() for v in np.meshgrid(ends, ends, indexing="ij"))
+    keep = a1 <= a2
+    a1, a2 = a1[keep], a2[keep]
+    zetas = np.geomspace(1e-3, 2.0, 60)
+    for eps in (0.5, 2.0, 8.0):
+        params, info = fit_rpwithprior(prior, eps, objective="debiased")
+
+        @jax.jit
+        def brute(z):
+            cand = RPWithPrior(jnp.full(a1.shape, eps), jnp.full(a1.shape, z), jnp.asarray(a1), jnp.asarray(a2), 0.0, 1.0)
+            return jnp.min(jax.vmap(lambda p: p.debiased_label_mse(prior))(cand))
+
+        with jax.enable_x64(True):
+            best = min(float(brute(z)) for z in zetas)
+        assert info["objective_value"] <= best * (1 + 1e-9), (eps, info["objective_value"], best)
+    # a fixed ζ: only the interval is searched
+    fixed, info = fit_rpwithprior(prior, 1.0, zeta=0.1, objective="debiased")
+    assert float(fixed.zeta) == 0.1
+    with jax.enable_x64(True):
+        best = float(jax.jit(lambda: jnp.min(jax.vmap(lambda p: p.debiased_label_mse(prior))(
+            RPWithPrior(jnp.full(a1.shape, 1.0), jnp.full(a1.shape, 0.1), jnp.asarray(a1), jnp.asarray(a2), 0.0, 1.0))))())
+    assert info["objective_value"] <= best * (1 + 1e-9)
+
+
+def test_shrink_zeta_caps_zeta_at_half_the_interval(rng):
+    prior = empirical_prior(rng.beta(20, 20, 2000), 0, 1)  # concentrated: a narrow interval
+    wide, _ = fit_rpwithprior(prior, np.array([0.5, 4.0]), zeta=0.4, objective="inside")
+    capped, info = fit_rpwithprior(prior, np.array([0.5, 4.0]), zeta=0.4, objective="inside", shrink_zeta=True)
+    np.testing.assert_array_equal(capped.a1, wide.a1)
+    np.testing.assert_array_equal(capped.a2, wide.a2)
+    half = 0.5 * (np.asarray(wide.a2) - np.asarray(wide.a1))
+    assert np.all(half < 0.4)
+    np.testing.assert_allclose(capped.zeta, half)
+    with jax.enable_x64(True):
+        for i in range(2):
+            assert info["preservation"][i] == pytest.approx(float(capped[i].preservation(prior)), rel=1e-12)

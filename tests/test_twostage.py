@@ -74,13 +74,24 @@ def test_per_row_posterior_equals_the_one_prior_posterior(rng):
     for i in range(6):
         one = jax.tree_util.tree_map(lambda v: np.asarray(v)[i], rp)
         assert got[i] == pytest.approx(float(posterior_mean(one, _row(priors, i), noisy[i:i + 1])[0]), rel=1e-9)
-    # a discrete mechanism shared by all rows
+    # a discrete mechanism shared by all rows: Unbiased, whose pmf is linear in y between support points
     unb, _ = fit_unbiased(histogram_prior(np.linspace(LO, HI, 9), np.ones(8)), 1.0)
     out = np.asarray(unb.sample(jax.random.key(1), jnp.asarray(y)))
     got = posterior_mean_per_row(unb, priors, out)
     for i in range(6):
         assert got[i] == pytest.approx(float(posterior_mean(unb, _row(priors, i), out[i:i + 1])[0]), rel=1e-9)
     assert np.all((got >= LO) & (got <= HI))
+
+
+def test_per_row_posterior_of_unbiased_is_exact(rng):
+    edges, mass = _residual_hist(rng)
+    priors = residuals.shifted_priors(edges, mass, rng.uniform(LO, HI, 6), LO, HI)
+    y = rng.uniform(LO, HI, 6)
+    unb, _ = fit_unbiased(histogram_prior(np.linspace(LO, HI, 9), np.ones(8)), 1.0)
+    out = np.asarray(unb.sample(jax.random.key(1), jnp.asarray(y)))
+    got = posterior_mean_per_row(unb, priors, out)
+    for i in range(6):
+        assert got[i] == pytest.approx(float(posterior_mean(unb, _row(priors, i), out[i:i + 1])[0]), rel=1e-9)
 
 
 def test_tilt_hits_the_private_mean_and_keeps_the_shape_ordering(rng):

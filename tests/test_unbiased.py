@@ -12,11 +12,15 @@ import scipy.sparse as sparse
 from scipy import stats
 from scipy.optimize import linprog
 
+import rpwjax
+from rpwjax.audit import realized
+from rpwjax.audit.checks import audit_mechanism
 from rpwjax.mechanisms.base import label_mse_grid, sample_grid
 from rpwjax.errors import InputError
 from rpwjax.keys import Secret
 from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
-from rpwjax.mechanisms.unbiased import Unbiased, default_extension, fit_unbiased, output_grid
+from rpwjax.mechanisms.unbiased import Unbiased, default_extension, fit_unbiased, hat_moments, output_grid
+from rpwjax.audit.verify import verify_record
 
 EPSILONS = np.array([0.1, 1.0, 4.0])
 
@@ -115,14 +119,11 @@ def test_beats_laplace(fitted):
         assert np.all(info["label_mse"] < laplace), name
 
 
-def test_lp_optimum_is_the_label_mse_of_a_discrete_prior(fitted):
+def test_reported_label_mse_is_the_exact_label_mse_under_the_prior(fitted):
+    """info["label_mse"] (hat-function moments) equals params.label_mse(prior) (quadrature of mse), any prior."""
     for name, (prior, params, info) in fitted.items():
         reported = label_mse_grid(params, prior)
-        if prior.discrete:
-            np.testing.assert_allclose(reported, info["label_mse"], rtol=1e-10, atol=1e-14, err_msg=name)
-        else:
-            # a histogram prior adds the rounding of labels to the bin centres
-            assert np.all(reported >= info["label_mse"] * (1 - 1e-12)), name
+        np.testing.assert_allclose(reported, info["label_mse"], rtol=1e-10, atol=1e-14, err_msg=name)
 
 
 def direct_lp(x, p, z, eps):
@@ -164,10 +165,17 @@ def test_matches_the_direct_lp_on_the_same_grid(eps):
     prior = discrete_prior(points, mass, 1.0, 4.0)
     params, info = fit_unbiased(prior, eps, grid_size=65)
     assert info["extension"] == pytest.approx(default_extension(eps))  # the grid was not widened
-    best = direct_lp(points, mass / mass.sum(), output_grid(1.0, 4.0, eps, 65), eps)
+    x = np.asarray(params.support)
+    np.testing.assert_array_equal(x, np.concatenate([[1.0], points, [4.0]]))  # lo and hi are rows too
+    # the LP's masses: the hat-function masses (here the point masses, 0 at lo and hi), floored at 1e-5/k
+    lp_mass = np.maximum(hat_moments(x, prior.left, prior.right, prior.mass)[0], 1e-5 / x.size)
+    lp_mass /= lp_mass.sum()
+    best = direct_lp(x, lp_mass, output_grid(1.0, 4.0, eps, 65), eps)
+    q, z = np.asarray(params.probabilities), np.asarray(params.outputs)
+    ours = float(np.sum(lp_mass * np.sum(q * (z[None, :] - x[:, None]) ** 2, axis=1)))
     # the fit solves at ε - 1e-8 (rounding headroom), which costs a few 1e-8 relative
-    assert info["label_mse"] == pytest.approx(best, rel=1e-6)
-    assert info["label_mse"] >= best * (1 - 1e-12)
+    assert ours == pytest.approx(best, rel=1e-6)
+    assert ours >= best * (1 - 1e-12)
     assert info["optimality_gap"] <= 1e-7
 
 
@@ -191,13 +199,16 @@ def test_sampler_matches_the_pmf():
     q = np.asarray(params.probabilities)[:, real]
     n = 20_000
     support = np.asarray(params.support)
-    for label, row in ((support[0], 0), (support[5], 5), (support[11], 11), (0.5 * (support[3] + support[4]) + 0.1, 4)):
-        draws = np.asarray(jax.jit(params.sample)(jax.random.key(row), jnp.full(n, label, jnp.float32)))
+    between = np.float32(0.5 * (support[3] + support[4]) + 0.1)
+    w = (support[4] - float(between)) / (support[4] - support[3])
+    mixed = w * q[3] + (1 - w) * q[4]  # an off-support label: row 3 with probability w, else row 4
+    for seed, (label, pmf) in enumerate(((support[0], q[0]), (support[5], q[5]), (support[11], q[11]), (between, mixed))):
+        draws = np.asarray(jax.jit(params.sample)(jax.random.key(seed), jnp.full(n, label, jnp.float32)))
         assert draws.dtype == np.float32
         index = np.searchsorted(outputs32, draws)
         assert np.all(outputs32[np.minimum(index, outputs32.size - 1)] == draws)
         observed = np.bincount(index, minlength=outputs32.size)
-        expected = n * q[row]
+        expected = n * pmf
         small = expected < 5  # pool the rare outputs into one cell
         obs = np.append(observed[~small], observed[small].sum())
         exp = np.append(expected[~small], expected[small].sum())
@@ -236,23 +247,28 @@ def test_batched_prior_is_mapped_along_epsilon():
         np.testing.assert_array_equal(np.asarray(params[e].support), single.support)
 
 
-def test_off_support_labels_use_the_nearest_point_and_moments_say_so(fitted):
+def test_off_support_labels_mix_the_two_rows_around_them_and_moments_say_so(fitted):
     prior, params, info = fitted["histogram-16"]
     p = params[1]
-    centres = np.asarray(p.support)
+    x = np.asarray(p.support)
+    np.testing.assert_allclose(x, np.concatenate([[0.0], (np.arange(16) + 0.5) / 16, [1.0]]))  # centres, lo, hi
     q, z = np.asarray(p.probabilities), np.asarray(p.outputs)
     y = np.linspace(0.0, 1.0, 97)
-    distance = np.abs(y[:, None] - centres[None, :])
-    row = np.argmin(distance + 1e-12 * np.arange(centres.size), axis=1)  # ties: the lower point
+    j = np.clip(np.searchsorted(x, y, side="right") - 1, 0, x.size - 2)
+    w = (x[j + 1] - y) / (x[j + 1] - x[j])
+    pmf = w[:, None] * q[j] + (1 - w)[:, None] * q[j + 1]
     with jax.enable_x64(True):
         bias = np.asarray(p.bias(jnp.asarray(y)))
         mse = np.asarray(p.mse(jnp.asarray(y)))
         variance = np.asarray(p.variance(jnp.asarray(y)))
-    np.testing.assert_allclose(bias, centres[row] - y, atol=1e-12)
-    direct = np.sum(q[row] * (z[None, :] - y[:, None]) ** 2, axis=1)
+        logp = np.asarray(_log_density(p, jnp.asarray(z)[None, :], jnp.asarray(y)[:, None]))
+    np.testing.assert_allclose(bias, 0.0, atol=1e-12)
+    direct = np.sum(pmf * (z[None, :] - y[:, None]) ** 2, axis=1)
     np.testing.assert_allclose(mse, direct, rtol=1e-10)
-    np.testing.assert_allclose(variance, direct - (centres[row] - y) ** 2, rtol=1e-8)
-    assert len(p.breakpoints()) == centres.size - 1
+    np.testing.assert_allclose(variance, direct, rtol=1e-8)
+    used = pmf > 0
+    np.testing.assert_allclose(np.exp(logp[used]), pmf[used], rtol=1e-12)
+    assert len(p.breakpoints()) == x.size
 
 
 def test_json_round_trip(fitted):
@@ -267,16 +283,17 @@ def test_json_round_trip(fitted):
     np.testing.assert_array_equal(jax.jit(back.sample)(key, y), jax.jit(p.sample)(key, y))
 
 
-def test_large_support_is_collapsed_onto_bins():
+def test_large_support_is_collapsed_onto_equally_spaced_points():
     rng = np.random.default_rng(4)
     prior = empirical_prior(rng.uniform(0.0, 1.0, 700), 0.0, 1.0)
     params, info = fit_unbiased(prior, 2.0, max_support=24)
     assert info["collapsed"] and info["support_size"] == 24
-    np.testing.assert_allclose(np.asarray(params.support), (np.arange(24) + 0.5) / 24)
+    np.testing.assert_allclose(np.asarray(params.support), np.linspace(0.0, 1.0, 24))
     q, z = np.asarray(params.probabilities), np.asarray(params.outputs)
     np.testing.assert_allclose(q @ z, params.support, atol=1e-12)
     with jax.enable_x64(True):
-        assert float(params.label_mse(prior)) >= info["label_mse"]
+        assert float(params.label_mse(prior)) == pytest.approx(info["label_mse"], rel=1e-10)
+        assert np.max(np.abs(np.asarray(params.bias(jnp.asarray(prior.left))))) <= 1e-12
 
 
 def test_epsilon_above_the_lp_limit_is_solved_at_the_limit():
@@ -329,3 +346,89 @@ def test_bad_prior_is_refused():
     prior = private_histogram(labels, 0.0, 1.0, np.array([0.5, 0.5, 0.5]), bins=4, secret=Secret.from_seed(1))
     with pytest.raises(InputError, match="3 priors for 2 epsilons"):
         fit_unbiased(prior, np.array([1.0, 2.0]))
+
+
+# --------------------------------------------------------------------------- unbiased on the whole public range
+
+
+def _whole_range_cases():
+    """The empirical prior of Beta(2, 5) labels rounded to 0.01 on [0, 1] (its largest label is far below hi),
+    and a 16-bin histogram prior (every label is off the support)."""
+    rng = np.random.default_rng(20240601)
+    labels = np.round(rng.beta(2.0, 5.0, 4000), 2)
+    counts, _ = np.histogram(labels, bins=np.linspace(0.0, 1.0, 17))
+    return {
+        "empirical-rounded": empirical_prior(labels, 0.0, 1.0),
+        "histogram-16": histogram_prior(np.linspace(0.0, 1.0, 17), counts + 0.0),
+    }
+
+
+@pytest.fixture(scope="module")
+def whole_range():
+    return {name: (prior, fit_unbiased(prior, 1.0)[0]) for name, prior in _whole_range_cases().items()}
+
+
+def test_bias_is_zero_on_a_fine_grid_over_the_whole_range(whole_range):
+    for name, (prior, params) in whole_range.items():
+        support = np.asarray(params.support)
+        assert support[0] == prior.lo and support[-1] == prior.hi, name  # lo and hi are LP rows
+        y = np.unique(np.concatenate([np.linspace(prior.lo, prior.hi, 10_001), support,
+                                      np.nextafter(support, -np.inf), np.nextafter(support, np.inf)]))
+        y = y[(y >= prior.lo) & (y <= prior.hi)]
+        with jax.enable_x64(True):
+            bias = np.asarray(_bias(params, jnp.asarray(y)))
+        assert np.max(np.abs(bias)) <= 1e-9, (name, float(np.max(np.abs(bias))))
+
+
+def test_release_means_are_the_labels_at_the_ends_and_off_the_support(whole_range):
+    n = 200_000
+    for name, (prior, params) in whole_range.items():
+        support = np.asarray(params.support)
+        largest_label = float(np.max(prior.right))
+        off = [0.5 * (support[1] + support[2]), 0.3 * support[-3] + 0.7 * support[-2], 0.5 * (largest_label + 1.0)]
+        for i, y in enumerate([prior.lo, prior.hi, *off]):
+            released = rpwjax.release(params, Secret.from_seed(100 + i), np.full(n, y))
+            with jax.enable_x64(True):
+                sd = float(np.sqrt(params.variance(jnp.float64(y))))
+            se = sd / np.sqrt(n)
+            assert abs(released.mean() - y) <= 4.5 * se, (name, y, released.mean(), se)
+            # and the spread is the mixture's
+            assert released.std() == pytest.approx(sd, rel=0.02), (name, y)
+
+
+def test_exact_privacy_over_labels_off_the_support(whole_range):
+    rng = np.random.default_rng(8)
+    for name, (prior, params) in whole_range.items():
+        support = np.asarray(params.support)
+        labels = np.concatenate([support, 0.5 * (support[1:] + support[:-1]), rng.uniform(prior.lo, prior.hi, 200),
+                                 np.linspace(prior.lo, prior.hi, 101)])
+        outputs = np.asarray(params.outputs)[real_slots(params)]
+        with jax.enable_x64(True):
+            logp = np.asarray(_log_density(params, jnp.asarray(outputs)[None, :], jnp.asarray(labels)[:, None]))
+        assert np.all(np.isfinite(logp)), name
+        np.testing.assert_allclose(np.exp(logp).sum(axis=1), 1.0, atol=1e-12)
+        assert np.max(logp.max(axis=0) - logp.min(axis=0)) <= 1.0 + 1e-9, name
+        # the audit's exact check (its labels include both float neighbours of every support point)
+        report = audit_mechanism(params, samples=20_000)
+        assert report.exact_pass, (name, report.exact_max_log_ratio)
+
+
+def test_realized_check_passes_with_mixed_rows(whole_range):
+    for name, (prior, params) in whole_range.items():
+        result = realized.check(params)
+        assert result["pass"], (name, result["problems"])
+        assert result["realized_max_log_ratio"] <= 1.0 + 1e-6, name
+        assert abs(result["info"]["release_mse_change"]) < 1e-6, name
+
+
+def test_saved_params_round_trip_and_verify_at_the_stated_epsilon(tmp_path):
+    labels = np.round(np.random.default_rng(5).beta(2.0, 5.0, 2000), 2)
+    fit = rpwjax.fit("unbiased", labels, range=(0.0, 1.0), epsilon=1.0, prior="private", seed=3)
+    (record,) = fit.records()
+    back, _ = rpwjax.load_params(json.loads(json.dumps(record)))
+    np.testing.assert_array_equal(np.asarray(back.support), np.asarray(fit.params.support))
+    assert back.support[0] == 0.0 and back.support[-1] == 1.0
+    with jax.enable_x64(True):
+        assert abs(float(back.bias(jnp.float64(1.0)))) <= 1e-12
+    _, report = verify_record(record)
+    assert report["epsilon_mechanism_recomputed"] <= 0.9 + 1e-9

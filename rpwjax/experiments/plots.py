@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 
 from rpwjax.mechanisms import MECHANISMS
-from rpwjax.experiments.sweeps import NON_PRIVATE, mechanism_label, mechanism_order, summarize
+from rpwjax.experiments.sweeps import NON_PRIVATE, mechanism_label, mechanism_order, series_name, settings_of, summarize
 
 
 def plot_curves(rows: list[dict], out_dir) -> list[Path]:
-    """Per data set: test MSE against ε (log axes, ±1 std band, non-private floor) and label MSE against ε."""
+    """Per data set (and prior setting, when a data set has several): test MSE against ε (log axes, ±1 std
+    band, non-private floor) and label MSE against ε; one line per mechanism and config."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -21,21 +22,24 @@ def plot_curves(rows: list[dict], out_dir) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
     paths = []
-    for dataset in sorted({s["dataset"] for s in summary}):
-        sub = [s for s in summary if s["dataset"] == dataset]
+    panels = [(d, prior) for d in sorted({s["dataset"] for s in summary}) for prior in settings_of(summary, d)]
+    for dataset, prior in panels:
+        # one figure per data set and prior setting (rows of different settings are never mixed)
+        sub = [s for s in summary if s["dataset"] == dataset and (s.get("prior") or "private") == prior]
+        several = len(settings_of(summary, dataset)) > 1
         fig, (ax_test, ax_label) = plt.subplots(1, 2, figsize=(12, 4.8))
-        mechs = mechanism_order(s["mechanism"] for s in sub if s["mechanism"] != NON_PRIVATE)
+        mechs = mechanism_order(series_name(s) for s in sub if s["mechanism"] != NON_PRIVATE)
         colors = plt.get_cmap("tab20" if len(mechs) > 10 else "tab10")
         lowest = np.inf
         for index, m in enumerate(mechs):
-            cells = sorted((s for s in sub if s["mechanism"] == m), key=lambda s: s["epsilon"])
+            cells = sorted((s for s in sub if series_name(s) == m), key=lambda s: s["epsilon"])
             e = np.array([c["epsilon"] for c in cells])
             mean = np.array([c["test_mse_mean"] for c in cells])
             std = np.array([c["test_mse_std"] for c in cells])
             lowest = min(lowest, float(mean.min()))
             style = {"linewidth": 2.4} if m == "rpwithprior" else {"linewidth": 1.4}
             style["color"] = colors(index % colors.N)
-            if m not in MECHANISMS:  # beyond-the-paper variants: dashed
+            if m not in MECHANISMS:  # beyond-the-paper variants and other configs: dashed
                 style["linestyle"] = "--"
             (line,) = ax_test.plot(e, mean, marker="o", markersize=3, label=mechanism_label(m), **style)
             ax_test.fill_between(e, np.maximum(mean - std, 1e-12), mean + std, color=line.get_color(), alpha=0.18)
@@ -52,11 +56,11 @@ def plot_curves(rows: list[dict], out_dir) -> list[Path]:
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("ε (total, incl. prior)")
-            ax.set_title(f"{dataset}: {title}")
+            ax.set_title(f"{dataset}{f' ({prior} prior)' if several else ''}: {title}")
             ax.grid(True, which="both", alpha=0.3)
         ax_test.legend(fontsize=8)
         fig.tight_layout()
-        path = out_dir / f"{dataset}_curves.png"
+        path = out_dir / (f"{dataset}_{prior}_curves.png" if several else f"{dataset}_curves.png")
         fig.savefig(path, dpi=120)
         plt.close(fig)
         paths.append(path)

@@ -12,6 +12,27 @@ e^{-ε}/γ on it, so the log ratio between any two labels is at most ε.
 (A1, A2) maximise neighbourhood preservation under the prior (see
 :mod:`rpwjax.mechanisms.interval_search`); ζ is given, or ``"auto"`` chooses it to
 minimise the label MSE under the same prior (no privacy cost).
+
+**Its bias, and the debiased release.** With :math:`s = e^{-\varepsilon}`,
+integrating the three pieces gives
+
+.. math::
+   E[\tilde Y \mid y] = a y' + b, \qquad a = \frac{2\zeta(1 - s)}{\gamma}, \qquad
+   b = \frac{s\,((A_2 + \zeta)^2 - (A_1 - \zeta)^2)}{2\gamma} = \frac{s\,(A_2 - A_1 + 2\zeta)(A_1 + A_2)}{2\gamma},
+
+so :math:`D = (\tilde Y - b)/a` (post-processing of the released label, no
+privacy cost) has :math:`E[D \mid y] = y'`. Centred at
+:math:`c = (A_1 + A_2)/2` with :math:`L = (A_2 - A_1)/2` and
+:math:`v = y' - c` (the mechanism is then symmetric and b vanishes),
+:math:`E[(\tilde Y - c)^2 \mid y] = a v^2 + m_2` with
+:math:`m_2 = \tfrac{2}{3}((1 - s)\zeta^3 + s (L + \zeta)^3)/\gamma`, hence
+
+.. math::
+   \mathrm{Var}(D \mid y) = \frac{1 - a}{a} v^2 + \frac{m_2}{a^2}, \qquad
+   E[(D - y)^2 \mid y] = \mathrm{Var}(D \mid y) + (y' - y)^2 .
+
+``objective="debiased"`` chooses ζ and (A1, A2) to minimise the prior
+expectation of the last expression (:func:`fit_rpwithprior`).
 """
 
 from __future__ import annotations
@@ -21,6 +42,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from rpwjax.mechanisms import interval_search
 from rpwjax.mechanisms.base import Mechanism, params_dataclass
@@ -119,6 +141,29 @@ class RPWithPrior(Mechanism):
 
     def breakpoints(self):
         return (self.a1, self.a2)
+
+    def debias_coefficients(self, dtype=jnp.float64):
+        """(a, b) with E[Ỹ | y] = a·clip(y, A1, A2) + b (module docstring); (Ỹ - b)/a is unbiased for y'."""
+        eps, zeta, a1, a2 = self._cast(dtype)
+        shrink = jnp.exp(-eps)
+        gamma = 2 * zeta + shrink * (a2 - a1)
+        return 2 * zeta * -jnp.expm1(-eps) / gamma, shrink * (a2 - a1 + 2 * zeta) * (a1 + a2) / (2 * gamma)
+
+    def debiased_variance(self, y):
+        """Var((Ỹ - b)/a | y) = (1 - a)/a·(y' - c)² + m₂/a² (module docstring)."""
+        y = jnp.asarray(y)
+        eps, zeta, a1, a2 = self._cast(y.dtype)
+        alpha, beta = _debiased_terms(eps, zeta, 0.5 * (a2 - a1))
+        return alpha * (self.projected(y) - 0.5 * (a1 + a2)) ** 2 + beta
+
+    def debiased_mse(self, y):
+        """E[((Ỹ - b)/a - y)²] = the debiased variance + (y' - y)²."""
+        y = jnp.asarray(y)
+        return self.debiased_variance(y) + (self.projected(y) - y) ** 2
+
+    def debiased_label_mse(self, prior):
+        """E[((Ỹ - b)/a - Y)²] with Y drawn from ``prior`` (unbatched parameters)."""
+        return prior.expect(self.debiased_mse, self.breakpoints())
 
     def to_json(self) -> dict:
         out = super().to_json()
@@ -231,7 +276,151 @@ def choose_zeta(prior: Prior, epsilon, objective: str = "neighborhood") -> np.nd
     return fine[np.arange(eps.size), np.argmin(fine_scores, axis=1)]
 
 
-def fit_rpwithprior(prior: Prior, epsilon, *, zeta="auto", objective: str = "neighborhood"):
+# --------------------------------------------------------------------------- the debiased objective
+
+OBJECTIVES = interval_search.OBJECTIVES + ("debiased",)
+_DEBIASED_ZETA_GRID = np.geomspace(1e-3, 2.0, 28)  # fractions of the range width
+_DEBIASED_CANDIDATES = 129  # equally spaced ends and as many prior quantiles
+_DEBIASED_ROUNDS = 6  # local refinement rounds
+_DEBIASED_LOCAL = 17  # points per coordinate and round
+
+
+def _debiased_terms(eps, zeta, half):
+    """(α, β) with Var((Ỹ - b)/a | y) = α (y' - c)² + β, for half-width L = ``half`` of [A1, A2]."""
+    shrink = jnp.exp(-eps)
+    one_minus = -jnp.expm1(-eps)
+    alpha = shrink * (zeta + half) / (zeta * one_minus)
+    beta = (one_minus * zeta**3 + shrink * (half + zeta) ** 3) * (zeta + shrink * half) / (3 * (zeta * one_minus) ** 2)
+    return alpha, beta
+
+
+def _partial_moments(left, right, mass, t):
+    """(P(Y <= t), E[Y; Y <= t], E[Y²; Y <= t]) under a prior of uniform bins (zero width: point masses)."""
+    width = right - left
+    safe = jnp.where(width > 0, width, 1.0)
+    full = jnp.stack([mass, mass * 0.5 * (left + right), mass * (left * left + left * right + right * right) / 3])
+    cum = jnp.concatenate([jnp.zeros((3, 1), mass.dtype), jnp.cumsum(full, axis=1)], axis=1)
+    k = jnp.searchsorted(left, t, side="right")  # bins with left <= t
+    last = jnp.maximum(k - 1, 0)
+    l, r, m = left[last], right[last], mass[last]
+    top = jnp.minimum(t, r)
+    frac = jnp.where(width[last] > 0, (top - l) / safe[last], 1.0)
+    part = jnp.stack([m * frac, m * frac * 0.5 * (l + top), m * frac * (l * l + l * top + top * top) / 3])
+    return tuple(jnp.where(k > 0, cum[:, last] + part, 0.0))
+
+
+def _debiased_value(moments, totals, eps, zeta, a1, a2):
+    """The debiased label MSE (normalised units) at ends with precomputed partial moments (broadcasting)."""
+    (f1, m11, m21), (f2, m12, m22) = moments
+    _, total1, total2 = totals
+    half, centre = 0.5 * (a2 - a1), 0.5 * (a1 + a2)
+    inside_sq = (m22 - m21) - 2 * centre * (m12 - m11) + centre**2 * (f2 - f1)
+    spread = half**2 * (f1 + 1 - f2) + inside_sq  # E[(Y' - c)²]
+    clipped = a1**2 * f1 - 2 * a1 * m11 + m21 + (total2 - m22) - 2 * a2 * (total1 - m12) + a2**2 * (1 - f2)
+    alpha, beta = _debiased_terms(eps, zeta, half)
+    return alpha * spread + beta + clipped
+
+
+def _debiased_one(prior, candidates, zetas, eps, search_zeta):
+    """Best (A1, A2, ζ, value) in normalised units for one prior (leaves on [0, 1]) and one ε.
+
+    A grid over candidate pairs (i <= j) and the ζ grid, then rounds of local grids around the best point
+    (each coordinate within a shrinking window), keeping the best value seen; exact objective throughout.
+    """
+    left, right, mass = (jnp.asarray(v) for v in (prior.left, prior.right, prior.mass))
+    totals = _partial_moments(left, right, mass, jnp.asarray(1.0, left.dtype))
+    at = _partial_moments(left, right, mass, candidates)
+    pair = ((at[0][:, None], at[1][:, None], at[2][:, None]), (at[0][None, :], at[1][None, :], at[2][None, :]))
+    a1, a2 = candidates[:, None], candidates[None, :]
+    valid = a1 <= a2
+
+    def grid_best(z):
+        v = jnp.where(valid, _debiased_value(pair, totals, eps, z, a1, a2), jnp.inf)
+        flat = jnp.argmin(v)
+        return v.reshape(-1)[flat], flat
+
+    values, flats = lax.map(grid_best, zetas)
+    best = jnp.argmin(values)
+    g = candidates.size
+    i, j = flats[best] // g, flats[best] % g
+    z = zetas[best]
+    value = values[best]
+    # local rounds: A1, A2 and (when searched) log ζ on small grids around the incumbent, windows shrinking
+    spacing = jnp.max(jnp.diff(candidates))
+    span_a = jnp.maximum(spacing, 1e-12)
+    ratio = jnp.log(zetas[1] / zetas[0]) if zetas.size > 1 else 0.0
+    span_z = ratio
+    offsets = jnp.linspace(-1.0, 1.0, _DEBIASED_LOCAL)
+
+    def local_round(_, state):
+        x1, x2, z, value, span_a, span_z = state
+        c1 = jnp.clip(x1 + span_a * offsets, 0.0, 1.0)
+        c2 = jnp.clip(x2 + span_a * offsets, 0.0, 1.0)
+        m1 = _partial_moments(left, right, mass, c1)
+        m2 = _partial_moments(left, right, mass, c2)
+        local = ((m1[0][:, None], m1[1][:, None], m1[2][:, None]), (m2[0][None, :], m2[1][None, :], m2[2][None, :]))
+        zs = z * jnp.exp(span_z * offsets) if search_zeta else z[None]
+
+        def local_best(zz):
+            v = jnp.where(c1[:, None] <= c2[None, :], _debiased_value(local, totals, eps, zz, c1[:, None], c2[None, :]),
+                          jnp.inf)
+            flat = jnp.argmin(v)
+            return v.reshape(-1)[flat], flat
+
+        lv, lf = lax.map(local_best, zs)
+        k = jnp.argmin(lv)
+        better = lv[k] < value
+        shrink = 2.0 / (_DEBIASED_LOCAL - 1)
+        return (jnp.where(better, c1[lf[k] // _DEBIASED_LOCAL], x1), jnp.where(better, c2[lf[k] % _DEBIASED_LOCAL], x2),
+                jnp.where(better, zs[k], z), jnp.where(better, lv[k], value), span_a * shrink, span_z * shrink)
+
+    state = (candidates[i], candidates[j], z, value, span_a, jnp.asarray(span_z, value.dtype))
+    x1, x2, z, value, _, _ = lax.fori_loop(0, _DEBIASED_ROUNDS, local_round, state)
+    return x1, x2, z, value
+
+
+@partial(jax.jit, static_argnames=("search_zeta", "prior_batched", "zeta_batched"))
+def _debiased_search(prior, candidates, zetas, eps, search_zeta, prior_batched, zeta_batched):
+    """:func:`_debiased_one` vmapped over ε (the prior and the candidates too when batched)."""
+    axis = 0 if prior_batched else None
+    one = lambda p, c, z, e: _debiased_one(p, c, z, e, search_zeta)  # noqa: E731
+    return jax.vmap(one, in_axes=(axis, axis, 0 if zeta_batched else None, 0))(prior, candidates, zetas, eps)
+
+
+def _quantiles(left, right, mass, levels):
+    """Inverse CDF of a prior of bins at ``levels`` (numpy; candidates for the debiased search)."""
+    x = np.stack([left, right], axis=1).ravel()
+    cdf = np.cumsum(mass)
+    y = np.stack([cdf - mass, cdf], axis=1).ravel()
+    return np.interp(levels, y, x)
+
+
+def _fit_debiased(prior: Prior, eps_grid: np.ndarray, zetas):
+    """(A1, A2, ζ, debiased label MSE) per ε, in label units; ``zetas`` None means search ζ too."""
+    lo, hi = float(prior.lo), float(prior.hi)
+    width = hi - lo
+    left, right, mass = (np.asarray(v, np.float64) for v in (prior.left, prior.right, prior.mass))
+    batched = mass.ndim > 1
+    left, right, mass = (np.atleast_2d(v) for v in (left, right, mass))
+    left, right, mass = (left - lo) / width, (right - lo) / width, mass / mass.sum(axis=1, keepdims=True)
+    levels = (np.arange(_DEBIASED_CANDIDATES) + 0.5) / _DEBIASED_CANDIDATES
+    candidates = np.stack([np.sort(np.concatenate([np.linspace(0.0, 1.0, _DEBIASED_CANDIDATES),
+                                                   np.clip(_quantiles(l, r, m, levels), 0.0, 1.0)]))
+                           for l, r, m in zip(left, right, mass)])
+    if not batched:
+        left, right, mass, candidates = left[0], right[0], mass[0], candidates[0]
+    normalised = Prior(left, right, mass, 0.0, 1.0, prior.discrete, prior.kind)
+    z = _DEBIASED_ZETA_GRID if zetas is None else (np.asarray(zetas, np.float64) / width)[:, None]
+    with jax.enable_x64(True):
+        a1, a2, z, value = _debiased_search(normalised, jnp.asarray(candidates), jnp.asarray(z, jnp.float64),
+                                            jnp.asarray(eps_grid, jnp.float64), search_zeta=zetas is None,
+                                            prior_batched=batched, zeta_batched=zetas is not None)
+    a1, a2, z, value = (np.asarray(v, np.float64) for v in (a1, a2, z, value))
+    a2 = np.minimum(lo + width * a2, hi)  # lo <= A1 <= A2 <= hi also after rounding
+    return np.minimum(lo + width * a1, a2), a2, width * z, value * width**2
+
+
+def fit_rpwithprior(prior: Prior, epsilon, *, zeta="auto", objective: str = "neighborhood", shrink_zeta: bool = False):
     """Fit RPWithPrior to ``prior`` for a scalar ε or a 1-d ε grid.
 
     Args:
@@ -239,15 +428,27 @@ def fit_rpwithprior(prior: Prior, epsilon, *, zeta="auto", objective: str = "nei
         with a leading axis (one private histogram per ε) is mapped along ε.
       epsilon: the mechanism's budget ε₂ (scalar or 1-d array).
       zeta: the window half-width (> 0, label units) or ``"auto"``.
-      objective: ``"neighborhood"`` (P(|Ỹ - Y| <= ζ), default) or ``"inside"``.
+      objective: ``"neighborhood"`` (P(|Ỹ - Y| <= ζ), default), ``"inside"``,
+        or ``"debiased"``: (A1, A2) (and ζ, with ``zeta="auto"``) minimise the
+        prior expectation of E[((Ỹ - b)/a - Y)²], the label MSE after
+        :func:`rpwjax.posterior.debias` (module docstring). The objective is
+        exact (closed-form moments of the prior); the search is a grid over
+        both ends (129 equally spaced points and 129 prior quantiles) and 28
+        values of ζ from 0.001 to 2 range widths, then six rounds of local
+        grids (17 points per coordinate, windows shrinking 8-fold each round):
+        deterministic and vmapped over ε, but not certified globally optimal.
+      shrink_zeta: after the interval search, reduce ζ to (A2 - A1)/2 where the
+        interval is narrower than 2ζ (and not a point), keeping (A1, A2): the
+        rule of the authors' released code (the sweep's ``paper`` configuration).
 
     Returns:
       ``(params, info)``: :class:`RPWithPrior` with a leading ε axis when
       ``epsilon`` is 1-d, and ``info`` with the ``preservation`` and the
-      ``objective_value`` reached, per ε.
+      ``objective_value`` reached (for ``"debiased"``: the debiased label MSE
+      under the prior), per ε.
     """
     eps = check_epsilon(epsilon)
-    check_choice(objective, "objective", interval_search.OBJECTIVES)
+    check_choice(objective, "objective", OBJECTIVES)
     scalar = eps.ndim == 0
     eps_grid = np.atleast_1d(eps)
     prior_batched = np.ndim(prior.mass) > 1
@@ -258,22 +459,57 @@ def fit_rpwithprior(prior: Prior, epsilon, *, zeta="auto", objective: str = "nei
     if isinstance(zeta, str):
         if zeta != "auto":
             raise InputError(f"zeta must be a positive number or 'auto', got zeta={zeta!r}")
-        zetas = choose_zeta(prior, eps_grid, objective)
+        zetas = None if objective == "debiased" else choose_zeta(prior, eps_grid, objective)
     else:
         zetas = np.full(eps_grid.shape, check_positive(zeta, "zeta"))
-    coarse = _search_prior(prior)
-    coarse = None if coarse is prior else coarse
+    preservation = None
+    if objective == "debiased":
+        a1, a2, zetas, value = _fit_debiased(prior, eps_grid, zetas)
+    else:
+        coarse = _search_prior(prior)
+        coarse = None if coarse is prior else coarse
+        with jax.enable_x64(True):
+            if prior_batched or not np.all(zetas == zetas[0]):
+                a1, a2, value, preservation = _fit_per_epsilon(prior, zetas, eps_grid, objective, prior_batched, coarse)
+            else:
+                a1, a2, value, preservation = _fit_shared_zeta(prior, zetas[0], eps_grid, objective, coarse)
+    a1, a2, value = (np.asarray(v, np.float64) for v in (a1, a2, value))
+    shrunk = False
+    if shrink_zeta:
+        half = 0.5 * (a2 - a1)
+        reduce = (half > 0) & (half < zetas)
+        zetas, shrunk = np.where(reduce, half, zetas), bool(reduce.any())
     with jax.enable_x64(True):
-        if prior_batched or not np.all(zetas == zetas[0]):
-            a1, a2, value, preservation = _fit_per_epsilon(prior, zetas, eps_grid, objective, prior_batched, coarse)
-        else:
-            a1, a2, value, preservation = _fit_shared_zeta(prior, zetas[0], eps_grid, objective, coarse)
-        params = RPWithPrior(eps_grid, zetas, np.asarray(a1), np.asarray(a2), prior.lo, prior.hi, objective)
+        params = RPWithPrior(eps_grid, np.asarray(zetas, np.float64), a1, a2, prior.lo, prior.hi, objective)
+        if preservation is None or shrunk:
+            preservation = _preservation(prior, params, prior_batched)
+        if shrunk:
+            value = _objective_at(prior, params, prior_batched, objective)
     info = {"preservation": np.asarray(preservation), "objective_value": np.asarray(value)}
     if scalar:
         params = params[0]
         info = {k: v[0] for k, v in info.items()}
     return params, info
+
+
+@partial(jax.jit, static_argnames=("prior_batched",))
+def _preservation(prior, params, prior_batched):
+    """P(|Ỹ - Y| <= ζ) per ε (the neighbourhood objective at the fitted interval)."""
+    def one(p, q):
+        return interval_search.objective_value(q, p.zeta, "neighborhood", p.epsilon, p.a1, p.a2)
+
+    return jax.vmap(one, in_axes=(0, 0 if prior_batched else None))(params, prior)
+
+
+@partial(jax.jit, static_argnames=("prior_batched", "objective"))
+def _objective_at(prior, params, prior_batched, objective):
+    """The fit's objective at the final parameters (after any ζ reduction)."""
+    def one(p, q):
+        if objective == "debiased":
+            return p.debiased_label_mse(q)
+        return interval_search.objective_value(q, p.zeta, objective, p.epsilon, p.a1, p.a2)
+
+    return jax.vmap(one, in_axes=(0, 0 if prior_batched else None))(params, prior)
 
 
 # --------------------------------------------------------------------------- the per-row form

@@ -62,7 +62,8 @@ from 1025 to 2049 points lowers the optimum by about 1e-6 relative at k = 401.
 For ε above 12 the LP is solved at ε = 12 (its coefficients e^ε would otherwise
 exceed what the solver resolves): a 12-DP randomizer is ε-DP; ``info`` says so.
 
-**Zero-mass support points** (empty bins of a noisy histogram) get the mass
+**Zero-mass support points** (empty bins of a noisy histogram, lo and hi under an
+empirical prior that does not reach them) get the mass
 1e-5/k in the LP (so does any point lighter than that), so their rows are the
 cheapest ones for the shared outputs rather than an arbitrary feasible row, and
 their duals stay far above the solver's tolerance (with masses near 1e-9 the
@@ -75,24 +76,40 @@ column by column, and a per-row affine reweighting (relative change at most
 2.5e-9, checked) makes every row sum to one and have mean :math:`x_j` to
 rounding (≈1e-15) while every ratio stays below :math:`e^\varepsilon`.
 
-**Labels off the support** (a histogram prior, a new file privatized with
-saved parameters) are released through the row of the nearest support point
-(a label exactly between two goes to the lower one). That row is unbiased for
-:math:`x(y)`, not for y: the bias is :math:`x(y) - y`, at most half the gap
-between support points, and ``bias``/``mse`` include it exactly (they are
-computed from the row's moments); ``breakpoints()`` are the midpoints.
-For a histogram prior ``info["label_mse"]`` is the LP optimum at the bin
-centres, while ``params.label_mse(prior)`` integrates over the bins and so adds
-the rounding to the centres.
+**Unbiased on the whole public range.** The support always contains lo and
+hi (added as LP rows when the prior does not hold them), and a label between
+two support points :math:`x_j \le y \le x_{j+1}` is released through row j
+with probability :math:`w = (x_{j+1} - y)/(x_{j+1} - x_j)`, else through row
+j + 1: its pmf is the mixture :math:`w Q_j + (1 - w) Q_{j+1}`, linear in y
+between support points, with mean :math:`w x_j + (1 - w) x_{j+1} = y`. A
+mixture of two rows of an ε-DP matrix is ε-DP against every other label
+(each column stays between the column's minimum and maximum), so every label
+of [lo, hi] is released unbiasedly at the same ε. ``breakpoints()`` are the
+support points; ``bias``, ``mse`` and ``log_density`` follow the mixture.
+
+**LP masses.** For a label y the expected squared error is
+:math:`w V_j + (1 - w) V_{j+1} + (y - x_j)(x_{j+1} - y)` with
+:math:`V_j = \sum_m Q_{jm}(z_m - x_j)^2`: the last term does not depend on Q,
+so the LP's objective under a prior weights row j by
+:math:`W_j = E[\phi_j(Y)]`, :math:`\phi_j` the piecewise-linear hat function
+of :math:`x_j` (1 at :math:`x_j`, 0 at its neighbours). For an empirical
+prior on the support that is the point's own mass (lo and hi get 0 unless
+they are labels); for a histogram every bin's mass is split between the
+support points around it, so lo and hi get a quarter of the end bins' mass.
+``info["label_mse"]`` is the exact E[(Ỹ - Y)²] under the prior (equal to
+``params.label_mse(prior)``), interpolation term included.
 
 **Large supports.** The LP grows with k; a prior with more than
 ``max_support`` points (default 401) is first collapsed onto ``max_support``
-equal-width bins over the public range (a function of the prior only, so no
-privacy cost), and labels map to the nearest bin centre as above.
+equally spaced support points over the public range, ends included (a
+function of the prior only, so no privacy cost); its mass enters through the
+hat functions as above.
 
-Sampling uses one uniform per label: the inverse CDF of the row, found by a
-binary search over the row's cumulative probabilities (no (labels × outputs)
-array). It is as precise as the labels' dtype (float32 cumulative sums carry
+Sampling uses one uniform per label: the inverse CDF of the label's mixed pmf,
+found by a binary search over :math:`w C_j + (1 - w) C_{j+1}` (C the rows'
+cumulative probabilities; non-decreasing in the output index in floating
+point too, so the sampler is monotone in the uniform), with no (labels ×
+outputs) array. It is as precise as the labels' dtype (float32 cumulative sums carry
 ≈6e-8 absolute error, which changes tiny probabilities relatively more), and
 it is not hardened against floating-point attacks on the uniform.
 """
@@ -111,7 +128,7 @@ from scipy.optimize import linprog
 
 from rpwjax.mechanisms.base import Mechanism, params_dataclass
 from rpwjax.errors import InputError, check_epsilon, check_positive
-from rpwjax.priors import Prior
+from rpwjax.priors import Prior, cut_pieces
 
 DEFAULT_GRID_SIZE = 1025
 DEFAULT_MAX_SUPPORT = 401  # about 7 s per ε on two busy cores; 512 points take 9-12 s
@@ -158,38 +175,54 @@ class Unbiased(Mechanism):
         object.__setattr__(self, "lo", float(self.lo))
         object.__setattr__(self, "hi", float(self.hi))
 
-    def row(self, y):
-        """Index of the support point each label is released through (the nearest; ties go down)."""
+    pmf_linear_in_label = True  # the pmf is linear in y between consecutive breakpoints (posterior denoising)
+
+    def interpolation(self, y):
+        """(j, j + 1, w): a label is released through row j with probability w, else row j + 1.
+
+        With the support x sorted and containing lo and hi, x_j <= y <= x_{j+1} and
+        w = (x_{j+1} - y)/(x_{j+1} - x_j), so w x_j + (1 - w) x_{j+1} = y (labels are clipped
+        to [lo, hi] first). A label on a support point gets that row alone.
+        """
         y = jnp.clip(jnp.asarray(y), self.lo, self.hi)
         support = jnp.asarray(self.support, y.dtype)
-        midpoints = 0.5 * (support[1:] + support[:-1])
-        return jnp.searchsorted(midpoints, y, side="left")
+        k = support.shape[-1]
+        if k == 1:
+            zero = jnp.zeros(y.shape, jnp.int32)
+            return zero, zero, jnp.ones(y.shape, y.dtype)
+        lower = jnp.clip(jnp.searchsorted(support, y, side="right") - 1, 0, k - 2)
+        left, right = support[lower], support[lower + 1]
+        w = jnp.clip((right - y) / (right - left), 0.0, 1.0)
+        return lower, lower + 1, w
 
     def sample_from_uniform(self, u, y):
-        """Inverse CDF of the label's row at ``u`` (binary search over the float cumulative sums; monotone)."""
-        row = self.row(y)
+        """Inverse CDF of the label's mixed pmf at ``u`` (binary search over w C_j + (1 - w) C_{j+1}; monotone)."""
+        lower, upper, w = self.interpolation(y)
         probabilities = jnp.asarray(self.probabilities, y.dtype)
         size = probabilities.shape[-1]
-        # the last slot is always a real output: let it absorb rounding of the cumulative sum
-        cdf = jnp.cumsum(probabilities, axis=-1).at[..., -1].set(jnp.inf)
-        low = jnp.zeros(row.shape, jnp.int32)
-        high = jnp.full(row.shape, size - 1, jnp.int32)
+        cdf = jnp.cumsum(probabilities, axis=-1)
+        low = jnp.zeros(lower.shape, jnp.int32)
+        high = jnp.full(lower.shape, size - 1, jnp.int32)
         for _ in range(max(1, math.ceil(math.log2(size)) + 1)):
             mid = (low + high) // 2
-            right = cdf[row, mid] <= u
+            mixed = w * cdf[lower, mid] + (1 - w) * cdf[upper, mid]
+            # the last slot is always a real output: it absorbs rounding of the cumulative sums
+            right = (mixed <= u) & (mid < size - 1)
             low = jnp.where(right, mid + 1, low)
             high = jnp.where(right, high, mid)
         return jnp.asarray(self.outputs, y.dtype)[low]
 
     def log_density(self, y_tilde, y):
-        """log pmf: log Q[row(y), m] where ``y_tilde`` equals output m, ``-inf`` off the outputs."""
+        """log pmf: log(w Q[j, m] + (1 - w) Q[j + 1, m]) where ``y_tilde`` equals output m, ``-inf`` off the outputs."""
         y_tilde = jnp.asarray(y_tilde)
         y_tilde, y = jnp.broadcast_arrays(y_tilde, jnp.asarray(y, y_tilde.dtype))
         outputs = jnp.asarray(self.outputs, y_tilde.dtype)
         # the padding repeats the first output before it, so the last equal slot is the real one
         slot = jnp.searchsorted(outputs, y_tilde, side="right") - 1
         index = jnp.maximum(slot, 0)
-        prob = jnp.asarray(self.probabilities, y_tilde.dtype)[self.row(y), index]
+        lower, upper, w = self.interpolation(y)
+        q = jnp.asarray(self.probabilities, y_tilde.dtype)
+        prob = w * q[lower, index] + (1 - w) * q[upper, index]
         hit = (slot >= 0) & (outputs[index] == y_tilde) & (prob > 0)
         return jnp.where(hit, jnp.log(jnp.where(hit, prob, 1.0)), -jnp.inf)
 
@@ -202,21 +235,22 @@ class Unbiased(Mechanism):
         return mean, var
 
     def bias(self, y):
-        r"""E[Ỹ | y] - y = x(y) - y (up to rounding), x(y) the nearest support point."""
+        r"""E[Ỹ | y] - y = w E[row j] + (1 - w) E[row j + 1] - y: zero on [lo, hi] up to rounding."""
         y = jnp.asarray(y)
         mean, _ = self._row_moments(y.dtype)
-        return mean[self.row(y)] - y
+        lower, upper, w = self.interpolation(y)
+        return w * mean[lower] + (1 - w) * mean[upper] - y
 
     def mse(self, y):
-        r"""E[(Ỹ - y)²] = Var(row) + (E[row] - y)²."""
+        r"""E[(Ỹ - y)²] = w (Var_j + (E_j - y)²) + (1 - w) (Var_{j+1} + (E_{j+1} - y)²)."""
         y = jnp.asarray(y)
         mean, var = self._row_moments(y.dtype)
-        r = self.row(y)
-        return var[r] + (mean[r] - y) ** 2
+        lower, upper, w = self.interpolation(y)
+        return w * (var[lower] + (mean[lower] - y) ** 2) + (1 - w) * (var[upper] + (mean[upper] - y) ** 2)
 
     def breakpoints(self):
         support = self.support
-        return tuple(0.5 * (support[..., i] + support[..., i + 1]) for i in range(np.shape(support)[-1] - 1))
+        return tuple(support[..., i] for i in range(np.shape(support)[-1]))
 
 
 # --------------------------------------------------------------------------- the output grid
@@ -529,23 +563,60 @@ def _solve(x, p, epsilon: float, grid_size: int, extension):
 # --------------------------------------------------------------------------- fitting
 
 
+def hat_moments(support, left, right, mass):
+    r"""(W0, W1, W2), each (k,): :math:`W_n[j] = E[\phi_j(Y) (Y - x_j)^n]` under a prior of bins.
+
+    :math:`\phi_j` is the hat function of support point :math:`x_j` (the weight with which
+    :class:`Unbiased` releases a label through row j). Exact: the prior is cut at the
+    support points, and on each uniform piece the moments are polynomials of its centre
+    and half-width (no large-offset cancellation: everything is relative to a support point).
+    """
+    x = np.asarray(support, np.float64)
+    k = x.size
+    a, b, m = cut_pieces(*(np.asarray(v, np.float64).ravel() for v in (left, right, mass)), x)
+    out = np.zeros((3, k))
+    if k == 1:
+        c, h = 0.5 * (a + b) - x[0], 0.5 * (b - a)
+        for n, moment in enumerate((np.ones_like(c), c, c * c + h * h / 3)):
+            out[n, 0] = np.sum(m * moment)
+        return tuple(out)
+    j = np.clip(np.searchsorted(x, 0.5 * (a + b), side="right") - 1, 0, k - 2)
+    gap = x[j + 1] - x[j]
+    h = 0.5 * (b - a)
+
+    def moments(origin):  # E[t^n], n = 0..3, t = Y - origin, Y uniform on the piece
+        c = 0.5 * (a + b) - origin
+        return (np.ones_like(c), c, c * c + h * h / 3, c * (c * c + h * h))
+
+    t = moments(x[j])  # row j: weight (gap - t)/gap
+    for n in range(3):
+        np.add.at(out[n], j, m * (gap * t[n] - t[n + 1]) / gap)
+    t = moments(x[j + 1])  # row j + 1: weight (t + gap)/gap
+    for n in range(3):
+        np.add.at(out[n], j + 1, m * (t[n + 1] + gap * t[n]) / gap)
+    return tuple(out)
+
+
 def _support_of(prior: Prior, max_support: int):
-    """(support, masses) with a leading ε axis dropped or kept; collapsed when too large."""
-    support = np.asarray(prior.support_points(), np.float64)
+    """Support rows (lo and hi included) per prior (a leading ε axis kept), and whether they were collapsed."""
+    points = np.asarray(prior.support_points(), np.float64)
     mass = np.asarray(prior.mass, np.float64)
-    if not (np.all(np.isfinite(support)) and np.all(np.isfinite(mass))):
+    if not (np.all(np.isfinite(points)) and np.all(np.isfinite(mass))):
         raise InputError("prior support and masses must be finite")
-    k = support.shape[-1]
-    if k <= max_support:
-        return support, mass, False
-    edges = np.linspace(prior.lo, prior.hi, max_support + 1)
-    centres = 0.5 * (edges[1:] + edges[:-1])
-    if mass.ndim == 1:
-        collapsed, _ = np.histogram(support, bins=edges, weights=mass)
+    lo, hi = float(prior.lo), float(prior.hi)
+    collapsed = points.shape[-1] > max_support
+    rows = points.reshape(-1, points.shape[-1])
+    if collapsed:
+        supports = [np.linspace(lo, hi, max_support)] * rows.shape[0]
     else:
-        collapsed = np.stack([np.histogram(s, bins=edges, weights=m)[0] for s, m in zip(support, mass)])
-        centres = np.broadcast_to(centres, collapsed.shape).copy()
-    return centres, collapsed, True
+        for row in rows:
+            if np.any(np.diff(row) <= 0):
+                raise InputError("prior support points must be strictly increasing")
+        supports = [np.unique(np.concatenate([[lo], np.clip(row, lo, hi), [hi]])) for row in rows]
+    if len({s.size for s in supports}) > 1:
+        raise InputError("a batched prior needs the same support points for every epsilon")
+    support = np.stack(supports)
+    return (support[0] if points.ndim == 1 else support), collapsed
 
 
 def fit_unbiased(
@@ -558,8 +629,8 @@ def fit_unbiased(
 ):
     r"""Fit the optimal unbiased randomizer to ``prior`` for a scalar ε or a 1-d ε grid.
 
-    One LP per ε, over the support of the prior (its points, or its bin centres),
-    solved exactly on the output grid by restricted master + pricing with HiGHS
+    One LP per ε, over the support of the prior (its points, or its bin centres)
+    with lo and hi added, its rows weighted by the prior's hat-function masses, solved exactly on the output grid by restricted master + pricing with HiGHS
     (see the module docstring).
 
     Args:
@@ -571,18 +642,17 @@ def fit_unbiased(
         of Δ = hi - lo; default ``1.5/(e^ε - 1) + 1`` (widened automatically when
         outputs farther out would pay).
       max_support: priors with more support points are collapsed onto this many
-        equal-width bins over ``[lo, hi]`` first.
+        equally spaced support points over ``[lo, hi]`` (ends included) first.
 
     Returns:
       ``(params, info)``: :class:`Unbiased` with a leading ε axis when ``epsilon``
-      is 1-d, and ``info`` with, per ε: ``label_mse`` (the LP optimum
-      E[(Ỹ - x)²] over the support, equal to ``params.label_mse(prior)`` for a
-      discrete prior), ``num_outputs`` (outputs with mass, at most 2k),
+      is 1-d, and ``info`` with, per ε: ``label_mse`` (the exact E[(Ỹ - Y)²]
+      under the prior, equal to ``params.label_mse(prior)``), ``num_outputs`` (outputs with mass, at most 2k),
       ``optimality_gap`` (certified bound on the relative distance to the grid
       LP's optimum), ``lp_solves``, ``support_size`` (k after any collapsing),
       ``epsilon_lp`` (the ε the LP was solved at: min(ε, 12)), ``extension`` (the
       output grid's final reach, units of Δ) and ``collapsed`` (whether the prior
-      was collapsed onto ``max_support`` bins).
+      was collapsed onto ``max_support`` points).
     """
     if not isinstance(prior, Prior):
         raise InputError(f"prior must be an rpwjax Prior, got prior of type {type(prior).__name__}")
@@ -592,36 +662,41 @@ def fit_unbiased(
     grid_size = int(grid_size)
     if extension is not None:
         extension = check_positive(extension, "extension")
-    if isinstance(max_support, bool) or int(max_support) != max_support or max_support < 1:
-        raise InputError(f"max_support must be a positive integer, got max_support={max_support!r}")
+    if isinstance(max_support, bool) or int(max_support) != max_support or max_support < 2:
+        raise InputError(f"max_support must be an integer of at least 2, got max_support={max_support!r}")
     scalar = eps.ndim == 0
     eps_grid = np.atleast_1d(eps)
-    support, mass, collapsed = _support_of(prior, int(max_support))
+    support, collapsed = _support_of(prior, int(max_support))
+    mass = np.asarray(prior.mass, np.float64)
     batched = mass.ndim > 1
     if batched and mass.shape[0] != eps_grid.size:
         raise InputError(
             f"a batched prior needs one histogram per epsilon: {mass.shape[0]} priors for {eps_grid.size} epsilons"
         )
+    if np.any(mass.sum(axis=-1) <= 0):
+        raise InputError("prior masses must not all be zero")
     lo, hi = float(prior.lo), float(prior.hi)
     width = hi - lo
     fits = []
     for e, eps_value in enumerate(eps_grid):
         x = support[e] if batched else support
-        p = mass[e] if batched else mass
-        if np.any(np.diff(x) <= 0):
-            raise InputError("prior support points must be strictly increasing")
-        if p.sum() <= 0:
-            raise InputError("prior masses must not all be zero")
-        outputs, q, solved = _solve((x - lo) / width, p / p.sum(), float(eps_value), grid_size, extension)
-        fits.append((lo + width * outputs, q, solved, x, p / p.sum()))
+        leaves = [np.asarray(v, np.float64) for v in (prior.left, prior.right, prior.mass)]
+        if batched:
+            leaves = [v[e] for v in leaves]
+        leaves[2] = leaves[2] / leaves[2].sum()
+        moments = hat_moments(x, *leaves)  # the LP weights rows by E[hat_j(Y)] (module docstring)
+        outputs, q, solved = _solve((x - lo) / width, moments[0], float(eps_value), grid_size, extension)
+        fits.append((lo + width * outputs, q, solved, x, moments))
     size = max(f[1].shape[1] for f in fits)
     outputs_all, q_all, info_rows = [], [], []
-    for outputs, q, solved, x, p in fits:
+    for outputs, q, solved, x, (w0, w1, w2) in fits:
         pad = size - outputs.size
         outputs_all.append(np.concatenate([np.full(pad, outputs[0]), outputs]))
         q_all.append(np.concatenate([np.zeros((q.shape[0], pad)), q], axis=1))
-        mean = q @ outputs
-        value = float(np.sum(p * (np.sum(q * (outputs[None, :] - mean[:, None]) ** 2, axis=1) + (mean - x) ** 2)))
+        # E[(Ỹ - Y)²] = Σ_j E[hat_j(Y) E_j[(Z - Y)²]], with E_j[(Z - Y)²] = r2_j - 2 t r1_j + t², t = Y - x_j
+        d = outputs[None, :] - x[:, None]
+        r1, r2 = np.sum(q * d, axis=1), np.sum(q * d * d, axis=1)
+        value = float(np.sum(w0 * r2 - 2 * w1 * r1 + w2))
         info_rows.append(
             dict(
                 label_mse=value,
