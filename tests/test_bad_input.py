@@ -420,17 +420,19 @@ def test_every_other_csv_field_is_byte_identical(shared, tmp_path, capsys, newli
     assert raw == (b"\xef\xbb\xbf" if bom else b"") + expected
 
 
-def test_unneeded_quotes_are_dropped_and_needed_ones_kept(shared, tmp_path, capsys):
+def test_optional_quotes_are_kept_and_a_quoted_label_is_written_unquoted(shared, tmp_path, capsys):
     src = tmp_path / "in.csv"
-    src.write_bytes(b'a,y,b\n"plain",0.5,"x,y"\n"",0.5,"say ""hi"""\n')
+    src.write_bytes(b'"a","y","b"\n"plain","0.5","x,y"\n"",0.5,"say ""hi"""\n')
     out = tmp_path / "o.csv"
     code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json", "--quiet"],
                        capsys)
     assert code == 0, err
     lines = out.read_bytes().split(b"\n")
-    assert lines[0] == b"a,y,b"
-    assert lines[1].startswith(b"plain,") and lines[1].endswith(b',"x,y"')
-    assert lines[2].startswith(b",") and lines[2].endswith(b',"say ""hi"""')
+    assert lines[0] == b'"a","y","b"'
+    assert lines[1].startswith(b'"plain",') and lines[1].endswith(b',"x,y"')
+    assert lines[2].startswith(b'"",') and lines[2].endswith(b',"say ""hi"""')
+    assert all(b'"' not in line.split(b",")[1] for line in lines[1:3])  # the new labels: numbers, unquoted
+    assert len(lines) == 4 and lines[3] == b""
 
 
 def test_latin1_with_encoding_is_read_and_written_back_in_latin1(shared, tmp_path, capsys):
