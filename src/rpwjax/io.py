@@ -726,10 +726,11 @@ class RawCsvRows:
         if len(seg) == 0:
             return True
         special = seg == _QUOTE
+        scratch = np.empty_like(special)
         for byte in self._specials:
-            special |= seg == byte
+            special |= np.equal(seg, byte, out=scratch)
         pos = np.flatnonzero(special)
-        del special
+        del special, scratch
         kind = self._lut[seg[pos]]
         is_quote = kind == _QUOTE_CHAR
         quotes = int(np.count_nonzero(is_quote))
@@ -747,14 +748,12 @@ class RawCsvRows:
             cand = odd & after_char
             parity = run[cand] & 1
             literal = run_pos[cand][parity != np.concatenate([[1], parity[:-1]])]
-            plain = ~is_quote
-            ppos = pos[plain]
-            inside = np.cumsum(is_quote, dtype=np.uint8)[plain]  # quotes before, mod 256: the parity is kept
+            inside = np.cumsum(is_quote, dtype=np.uint8)  # quotes up to here, mod 256: the parity is kept
             if len(literal):
-                inside += (np.searchsorted(literal, ppos) & 1).astype(np.uint8)
-            outside = (inside & 1) == 0
-            bounds = ppos[outside]
-            breaks = kind[plain][outside] == _LINE_BREAK
+                inside += (np.searchsorted(literal, pos) & 1).astype(np.uint8)
+            inside |= is_quote  # bit 0 clear: a delimiter or line break outside quotes
+            bound = (inside & 1) == 0
+            bounds, breaks = pos[bound], kind[bound] == _LINE_BREAK
         else:
             bounds, breaks = pos, kind == _LINE_BREAK
         line_ends = np.flatnonzero(breaks)  # indices into bounds
@@ -765,21 +764,30 @@ class RawCsvRows:
                 line_ends = np.append(line_ends, len(bounds) - 1)
         if len(line_ends) == 0:
             return True
+        self._tail = min(t + int(bounds[line_ends[-1]]) + 1, len(buf))
         stops = bounds[line_ends]
         first = np.concatenate([[0], line_ends[:-1] + 1])  # each row's first bound
         starts = np.concatenate([[0], stops[:-1] + 1])
         full = stops > starts  # an empty line is no row
-        if np.any((line_ends - first + 1)[full] != self._ncols):
+        if not full.all():
+            first, starts, stops, line_ends = first[full], starts[full], stops[full], line_ends[full]
+            if len(stops) == 0:
+                return True
+        if np.any(line_ends - first + 1 != self._ncols):
             return False  # pyarrow reads another field count: not the same rows
-        first, starts, stops = first[full], starts[full], stops[full]
-        label_end = bounds[first + self._label]
-        label_start = bounds[first + self._label - 1] + 1 if self._label else starts
-        end = stops + 1
-        real = stops < len(seg) - 1
-        end[real] += (seg[stops[real]] == _CR) & (seg[stops[real] + 1] == _LF)  # CRLF: both bytes
-        end = np.minimum(end, len(seg))
-        self._rows = np.concatenate([self._rows, np.stack([label_start, label_end, end]) + t], axis=1)
-        self._tail = min(t + int(bounds[line_ends[-1]]) + 1, len(buf))
+        rows = np.empty((3, len(stops)), np.int64)
+        np.add(bounds[first + self._label], t, out=rows[1])  # the label field's end
+        if self._label:
+            np.add(bounds[first + self._label - 1], t + 1, out=rows[0])
+        else:
+            np.add(starts, t, out=rows[0])
+        last = len(seg) - 1
+        at = np.minimum(stops, last)
+        crlf = (seg[at] == _CR) & (seg[np.minimum(stops + 1, last)] == _LF) & (stops < last)  # CRLF: both bytes
+        np.add(np.minimum(stops + 1, len(seg)) + crlf, t, out=rows[2])  # the row's end, after its line break
+        self._rows = np.concatenate([self._rows, rows], axis=1) if self._rows.shape[1] > self._next else rows
+        if self._rows is rows:
+            self._next = 0
         return True
 
     @staticmethod
