@@ -144,13 +144,14 @@ def _pandas_nonnumeric():
     return frame.to_csv(index=False, quoting=csv.QUOTE_NONNUMERIC).encode()
 
 
-ROWS = [["id", "name", "y"], ["1", "x246", "0.5"], ["2", "", "0.25"], ["3", "with, comma", "1"]]
+QUOTED_ROWS = [["id", "name", "y"], ["1", "x246", "0.5"], ["2", "", "0.25"], ["3", "with, comma", "1"]]
 
 # (case, input bytes, label column, extra options, whether the bytes of every other field come back as they were)
 ROUND_TRIPS = [
     ("pyarrow write_csv", _pyarrow_written(), "y", [], True),
-    ("QUOTE_ALL, CRLF, quoted labels", _python_csv(ROWS, quoting=csv.QUOTE_ALL), "y", [], True),
-    ("QUOTE_ALL, label first", _python_csv([r[2:] + r[:2] for r in ROWS], quoting=csv.QUOTE_ALL), "y", [], True),
+    ("QUOTE_ALL, CRLF, quoted labels", _python_csv(QUOTED_ROWS, quoting=csv.QUOTE_ALL), "y", [], True),
+    ("QUOTE_ALL, label first", _python_csv([r[2:] + r[:2] for r in QUOTED_ROWS], quoting=csv.QUOTE_ALL), "y", [],
+     True),
     ("pandas QUOTE_NONNUMERIC, label in the middle", _pandas_nonnumeric(), "y", [], True),
     ("R write.csv: an unnamed row-name column, NA", b'"","y","name","x"\n"1",0.5,"a",1.5\n"2",0.25,"b ""q""",NA\n',
      "y", [], True),
@@ -173,7 +174,7 @@ ROUND_TRIPS = [
     ("empty fields, no line break at the end", b'a,b,y,c\n,"",0.5,\n"",,0.25,""', "y", [], True),
     ("a quote that never closes at the end", b'id,y,note\n1,0.5,"open\nstill open', "y", [], True),
     ("the label the only column", b'"y"\n0.5\n"0.25"\n\n1\n', "y", [], True),
-    ("UTF-16 (not ASCII-compatible): rendered, values kept", _python_csv(ROWS, quoting=csv.QUOTE_ALL).decode()
+    ("UTF-16 (not ASCII-compatible): rendered, values kept", _python_csv(QUOTED_ROWS, quoting=csv.QUOTE_ALL).decode()
      .encode("utf-16"), "y", ["--encoding", "utf-16"], False),
     ("a quoted label followed by a space: rendered from there, values kept", b'"id","y"\n"1","0.5" \n"2",0.25\n', "y",
      [], False),
