@@ -2,12 +2,23 @@
 
 Reading (:class:`TableSource`):
 
-* **CSV** is read with every column as raw text (no type inference, no null
-  values), so a column other than the label can never fail a run, wherever an
-  odd value sits, and it is written back byte for byte (:class:`CsvOut`). Only
-  the label column is parsed, as float64. The file must decode in its
-  encoding (UTF-8 unless ``encoding`` says otherwise); the output is written
-  in the same encoding, with the input's line terminator.
+* **CSV** is parsed by pyarrow with every column as raw text (no type
+  inference, no null values), so a column other than the label can never fail
+  a run, wherever an odd value sits. Only the label column is parsed, as
+  float64. The file must decode in its encoding (UTF-8 unless ``encoding``
+  says otherwise). Read blocks are ``CSV_BLOCK_BYTES`` (4 MiB); a longer row
+  makes the block 4x larger, up to ``CSV_MAX_BLOCK_BYTES`` (256 MiB), and a
+  row longer than that is refused.
+* CSV into CSV writes the input's own bytes back with only the label fields
+  replaced: :class:`RawCsvRows` cuts the raw bytes into pyarrow's rows with a
+  vectorized tokenizer and checks them against pyarrow's parse (the header's
+  names, every row's field count, the label text), so every other field, the
+  header, quotes (optional ones included), line terminators, blank lines and
+  a UTF-8 byte-order mark come out as they went in. Where the check fails, or
+  the encoding is not ASCII-compatible (UTF-16, ...), the rows from there on
+  are rendered from pyarrow's values instead (:class:`CsvOut`): the same
+  values, each field quoted only where the dialect requires it, in the same
+  encoding and line terminator.
 * **Parquet** columns other than the label keep their schema and values.
 * Every error about a row names the 1-based **data row** (the header is not a
   data row) and, for CSV and text files, the 1-based **physical line** where
@@ -30,6 +41,7 @@ import dataclasses
 import contextlib
 import csv
 import gzip
+import io as pyio
 import json
 import os
 import signal
@@ -50,6 +62,7 @@ TABLE_SUFFIXES = (".csv", ".parquet")
 LABEL_SUFFIXES = TABLE_SUFFIXES + (".txt",)
 
 CSV_BLOCK_BYTES = 1 << 22  # bytes per CSV read block: peak memory does not grow with the file
+CSV_MAX_BLOCK_BYTES = 1 << 28  # a longer row grows the block 4x at a time up to this (256 MiB); longer is refused
 MAX_CHUNK_ROWS = 1 << 22  # --chunk-rows lies in [1, MAX_CHUNK_ROWS]
 MAX_GLOBAL_ROWS = 1 << 63  # every global row index (row offset + row) lies in [0, 2^63): it never wraps
 _TXT_DELIMITER = "\x1f"  # a text label file has one field per line: split on a character a number never holds
@@ -123,6 +136,7 @@ class TableSource:
             self.encoding_name = str(encoding) if encoding is not None else "utf-8"
             self.text = self.kind == ".txt"
             self.delimiter = _TXT_DELIMITER if self.text else (delimiter or ",")
+            self._block_bytes = CSV_BLOCK_BYTES  # grows (up to CSV_MAX_BLOCK_BYTES) when a row does not fit
             self._header_rows = 0 if self.text else 1
             self._open_csv()
         if label_column is None and self.text:
@@ -191,21 +205,31 @@ class TableSource:
         return {f"f{i}": pa.binary() for i in range(self.ncols)}
 
     def _reader(self, column_types, include_columns=None):
-        read = pacsv.ReadOptions(
-            autogenerate_column_names=True,  # the header is row 0, read as text like every other row
-            # no threaded read-ahead: it queues blocks without bound and peak memory would grow with the file
-            use_threads=False,
-            block_size=CSV_BLOCK_BYTES,
-            encoding="utf8" if self.encoding == "utf-8" else self.encoding,
-        )
-        parse = pacsv.ParseOptions(delimiter=self.delimiter, quote_char=False if self.text else '"',
-                                   newlines_in_values=not self.text)
-        convert = pacsv.ConvertOptions(column_types=column_types, strings_can_be_null=False,
-                                       quoted_strings_can_be_null=False, include_columns=include_columns or [])
-        try:
-            return pacsv.open_csv(self.path, read_options=read, parse_options=parse, convert_options=convert)
-        except (pa.ArrowInvalid, UnicodeError) as err:
-            self._failure(err, 0)
+        """pyarrow's streaming reader; a first row longer than the read block retries with a larger block."""
+        while True:
+            read = pacsv.ReadOptions(
+                autogenerate_column_names=True,  # the header is row 0, read as text like every other row
+                # no threaded read-ahead: it queues blocks without bound and peak memory would grow with the file
+                use_threads=False,
+                block_size=self._block_bytes,
+                encoding="utf8" if self.encoding == "utf-8" else self.encoding,
+            )
+            parse = pacsv.ParseOptions(delimiter=self.delimiter, quote_char=False if self.text else '"',
+                                       newlines_in_values=not self.text)
+            convert = pacsv.ConvertOptions(column_types=column_types, strings_can_be_null=False,
+                                           quoted_strings_can_be_null=False, include_columns=include_columns or [])
+            try:
+                return pacsv.open_csv(self.path, read_options=read, parse_options=parse, convert_options=convert)
+            except (pa.ArrowInvalid, UnicodeError) as err:
+                if not self._grow_block(err):
+                    self._failure(err, 0)
+
+    def _grow_block(self, err) -> bool:
+        """A row did not fit the read block: use a 4x larger one (up to CSV_MAX_BLOCK_BYTES); False at the bound."""
+        if "straddling" not in str(err) or self._block_bytes >= CSV_MAX_BLOCK_BYTES:
+            return False
+        self._block_bytes = min(4 * self._block_bytes, CSV_MAX_BLOCK_BYTES)
+        return True
 
     def _next(self, reader, pa_row):
         try:
@@ -214,6 +238,34 @@ class TableSource:
             return None
         except (pa.ArrowInvalid, UnicodeError) as err:
             self._failure(err, pa_row)
+
+    def _pa_batches(self, column_types, include_columns=None):
+        """``(pa_row, batch)``: pyarrow's batches in file order, ``pa_row`` the parsed rows before (header included).
+
+        A row longer than the read block reopens the file with a larger block
+        and skips the rows already yielded, so every row comes exactly once.
+        """
+        done = 0  # rows yielded so far
+        while True:
+            reader = self._reader(column_types, include_columns)
+            seen = 0  # rows this reader has parsed
+            try:
+                while True:
+                    try:
+                        batch = reader.read_next_batch()
+                    except StopIteration:
+                        return
+                    except (pa.ArrowInvalid, UnicodeError) as err:
+                        if not self._grow_block(err):
+                            self._failure(err, seen)
+                        break  # reopen with the larger block
+                    n = batch.num_rows
+                    if seen + n > done:
+                        yield done, batch.slice(done - seen) if seen < done else batch
+                        done = seen + n
+                    seen += n
+            finally:
+                reader.close()
 
     # ------------------------------------------------------------------ streaming
     def batches(self, chunk_rows: int, *, label_only: bool = False):
@@ -227,22 +279,15 @@ class TableSource:
             return
         include = [f"f{self.label_index}"] if label_only else None
         types = {f"f{self.label_index}": pa.binary()} if label_only else self._text_types()
-        with self._reader(types, include) as reader:
-            pa_row = 0  # rows pyarrow has parsed, header included
-            while True:
-                batch = self._next(reader, pa_row)
-                if batch is None:
-                    return
-                n = batch.num_rows
-                skip = max(0, self._header_rows - pa_row)
-                first = pa_row + skip - self._header_rows + 1
-                pa_row += n
-                if skip:
-                    batch = batch.slice(skip)
-                # blocks are yielded as read (split when larger than chunk_rows): the output does not
-                # depend on where chunks start, so nothing is re-joined
-                for offset in range(0, batch.num_rows, chunk_rows):
-                    yield first + offset, batch.slice(offset, chunk_rows)
+        for pa_row, batch in self._pa_batches(types, include):
+            skip = max(0, self._header_rows - pa_row)
+            first = pa_row + skip - self._header_rows + 1
+            if skip:
+                batch = batch.slice(skip)
+            # blocks are yielded as read (split when larger than chunk_rows): the output does not
+            # depend on where chunks start, so nothing is re-joined
+            for offset in range(0, batch.num_rows, chunk_rows):
+                yield first + offset, batch.slice(offset, chunk_rows)
 
     def _parquet_batches(self, chunk_rows, label_only):
         first = 1
@@ -416,8 +461,12 @@ class TableSource:
             raise InputError(f"{self.what} {self.path!r} is empty")
         if "straddling" in message:
             raise InputError(f"a row of {self.path!r} at or after data row {row} is longer than the "
-                             f"{CSV_BLOCK_BYTES >> 20} MiB read block")
+                             f"{_size_text(self._block_bytes)} read block, the largest allowed")
         raise InputError(f"could not parse {self.path!r} at or after data row {row}: {message}")
+
+
+def _size_text(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n} byte"
 
 
 def _render_text(col, name):
@@ -513,6 +562,258 @@ def read_csv_table(path, *, encoding=None, delimiter=None, what="input file") ->
     return pa.Table.from_arrays(columns, names=source.names)
 
 
+# --------------------------------------------------------------------------- CSV rows as raw bytes
+
+_QUOTE, _CR, _LF = 0x22, 0x0D, 0x0A
+_OTHER, _QUOTE_CHAR, _DELIMITER, _LINE_BREAK = 0, 1, 2, 3  # byte classes of the tokenizer
+
+
+def _ascii_compatible(encoding: str) -> bool:
+    """Whether every byte below 0x80 of ``encoding`` is that ASCII character, wherever it appears.
+
+    True for UTF-8, ASCII, Latin-1 and the single-byte codecs whose lower half
+    is ASCII (cp1252, iso8859-15, koi8-r, ...). False for UTF-16/32, multi-byte
+    and stateful codecs (a quote or comma byte can be part of a character
+    there) and EBCDIC.
+    """
+    if encoding in ("utf-8", "ascii", "iso8859-1"):
+        return True
+    decode = codecs.lookup(encoding).decode
+    module = sys.modules.get(type(getattr(decode, "__self__", None)).__module__)
+    table = getattr(module, "decoding_table", None)  # the single-byte charmap codecs of the standard library
+    return isinstance(table, str) and len(table) == 256 and table[:128] == "".join(map(chr, range(128)))
+
+
+def _valid_utf8(data) -> bool:
+    offsets = np.array([0, len(data)], np.int32)
+    arr = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+class RawCsvRows:
+    """A CSV file's raw bytes cut into the rows pyarrow parses, in step with :meth:`TableSource.batches`.
+
+    A tokenizer vectorized with NumPy over each read block follows pyarrow's
+    parser: a quote opens a quoted field only at the start of a field; inside
+    one a doubled quote is a quote and a single one closes it; anywhere else a
+    quote is an ordinary character. Unquoted delimiters end fields, unquoted
+    CR, LF or CRLF end rows, empty lines are skipped. (Every quote run is
+    first taken to toggle "inside quotes"; an odd run that follows an
+    ordinary character where that puts it outside quotes is a run of
+    ordinary characters, and each such run flips the parity after it.)
+
+    :attr:`header` is the header row's bytes (with a UTF-8 byte-order mark
+    and any blank lines before it); :meth:`take` gives the bytes of the next
+    ``n`` data rows (their line breaks and any blank lines before them
+    included) and each row's label field span. It checks that the rows agree
+    with pyarrow's parse: the header's fields are the column names, every row
+    has the header's field count, and the label fields' text (without their
+    quotes) is pyarrow's label column byte for byte. On any disagreement, or
+    in an encoding that is not ASCII-compatible (UTF-16, ...), :attr:`ok` is
+    false and :meth:`take` gives ``None`` from then on: the writer renders
+    the remaining rows from pyarrow's values.
+    """
+
+    def __init__(self, source):
+        self.header = None
+        self.ok = (not source.text and _ascii_compatible(source.encoding) and len(source.delimiter) == 1
+                   and ord(source.delimiter) < 0x80 and source.delimiter not in '"\r\n')
+        if not self.ok:
+            return
+        self._ncols, self._label = source.ncols, source.label_index
+        self._lut = np.zeros(256, np.uint8)
+        self._lut[_QUOTE] = _QUOTE_CHAR
+        self._lut[ord(source.delimiter)] = _DELIMITER
+        self._lut[[_CR, _LF]] = _LINE_BREAK
+        self._specials = (ord(source.delimiter), _CR, _LF)
+        opener = gzip.open if source.path.lower().endswith(".gz") else open
+        self._file = opener(source.path, "rb")
+        self._buf = np.empty(0, np.uint8)
+        self._eof = False
+        self._pos = 0  # start of the bytes not yet taken
+        self._tail = 0  # start of the bytes not yet tokenized: always the start of a row
+        self._rows = np.empty((3, 0), np.int64)  # per row: label start, label end, end (after its line break)
+        self._next = 0  # the first row of _rows not yet taken
+        if source.bom:
+            self._tail = len(_UTF8_BOM)  # pyarrow skips the mark; it stays in the header's bytes
+        if not self._rows_ready(1):
+            self._fail()
+            return
+        end = int(self._rows[2, 0])
+        header = bytes(self._buf[:end])
+        self._pos, self._next = end, 1
+        text = header[len(_UTF8_BOM):] if source.bom else header
+        reader = csv.reader(pyio.StringIO(text.decode(source.encoding, errors="replace"), newline=""),
+                            delimiter=source.delimiter, quotechar='"', doublequote=True, strict=False)
+        fields = next((row for row in reader if row), None)
+        if fields != source.names:
+            self._fail()
+            return
+        self.header = header
+
+    def take(self, n: int, labels: pa.Array):
+        """``(data, start, end)``: the next ``n`` rows' bytes and their label fields ``data[start[i]:end[i]]``.
+
+        ``labels`` is pyarrow's label column of the same rows (raw bytes).
+        ``None`` if the rows cannot be shown to agree with it.
+        """
+        spans = self._take(n)
+        if spans is None or not self._labels_agree(*spans, labels):
+            return self._fail()
+        return spans
+
+    def _take(self, n: int):
+        if not self.ok or not self._rows_ready(n):
+            return self._fail()
+        rows = self._rows[:, self._next:self._next + n]
+        self._next += n
+        start = self._pos
+        self._pos = int(rows[2, -1]) if n else start
+        return self._buf[start:self._pos], rows[0] - start, rows[1] - start
+
+    def rest(self):
+        """What follows the last row if it is blank lines only (written back as they are), else b""."""
+        if not self.ok:
+            return b""
+        parts = [bytes(self._buf[self._pos:])]
+        while not self._eof and not parts[-1].strip(b"\r\n"):
+            self._read(keep=False)
+            parts.append(bytes(self._buf))
+        self._fail()
+        data = b"".join(parts)
+        return data if not data.strip(b"\r\n") else b""
+
+    def close(self):
+        self._fail()
+
+    # ------------------------------------------------------------------ internals
+    def _fail(self):
+        if self.ok:
+            self._file.close()
+        self.ok = False
+        self._buf = self._rows = None
+        return None
+
+    def _rows_ready(self, n: int) -> bool:
+        while self._rows.shape[1] - self._next < n:
+            if self._eof or not self._read():
+                return False
+        return True
+
+    def _read(self, keep=True) -> bool:
+        """Read on (at least a block, more while one row grows longer) and tokenize; False on a disagreement."""
+        size = max(CSV_BLOCK_BYTES, 2 * (len(self._buf) - self._tail))
+        chunk = self._file.read(size)
+        self._eof = not chunk
+        if not keep:
+            self._buf = np.frombuffer(chunk, np.uint8)
+            return True
+        shift = self._pos
+        self._buf = np.concatenate([self._buf[shift:], np.frombuffer(chunk, np.uint8)])
+        self._rows = self._rows[:, self._next:] - shift
+        self._next, self._pos, self._tail = 0, 0, self._tail - shift
+        return self._tokenize()
+
+    def _tokenize(self) -> bool:
+        buf, t = self._buf, self._tail
+        limit = len(buf)
+        if not self._eof and limit > t and buf[limit - 1] == _CR:
+            limit -= 1  # an LF may follow: the row's end is known once it is read
+        seg = buf[t:limit]
+        if len(seg) == 0:
+            return True
+        special = seg == _QUOTE
+        scratch = np.empty_like(special)
+        for byte in self._specials:
+            special |= np.equal(seg, byte, out=scratch)
+        pos = np.flatnonzero(special)
+        del special, scratch
+        kind = self._lut[seg[pos]]
+        is_quote = kind == _QUOTE_CHAR
+        quotes = int(np.count_nonzero(is_quote))
+        if quotes:
+            qpos = pos[is_quote]
+            run = np.flatnonzero(np.concatenate([[True], qpos[1:] != qpos[:-1] + 1]))  # first quote of each run
+            run_pos = qpos[run]
+            odd = (np.diff(run, append=quotes) & 1) == 1
+            after_char = np.zeros(len(run), bool)  # the byte before the run is an ordinary character
+            inner = run_pos > 0
+            after_char[inner] = self._lut[seg[run_pos[inner] - 1]] == _OTHER
+            # Such an odd run is literal when the quotes before it leave us outside quotes. Counting every
+            # quote, that parity is run & 1; each literal run flips it for everything after, so the literal
+            # runs are the candidates where that parity changes, starting from "inside".
+            cand = odd & after_char
+            parity = run[cand] & 1
+            literal = run_pos[cand][parity != np.concatenate([[1], parity[:-1]])]
+            inside = np.cumsum(is_quote, dtype=np.uint8)  # quotes up to here, mod 256: the parity is kept
+            if len(literal):
+                inside += (np.searchsorted(literal, pos) & 1).astype(np.uint8)
+            inside |= is_quote  # bit 0 clear: a delimiter or line break outside quotes
+            bound = (inside & 1) == 0
+            bounds, breaks = pos[bound], kind[bound] == _LINE_BREAK
+        else:
+            bounds, breaks = pos, kind == _LINE_BREAK
+        line_ends = np.flatnonzero(breaks)  # indices into bounds
+        if self._eof:  # the last row may end without a line break, or inside a quote that never closes
+            last = int(bounds[line_ends[-1]]) if len(line_ends) else -1
+            if last < len(seg) - 1:
+                bounds = np.append(bounds, len(seg))
+                line_ends = np.append(line_ends, len(bounds) - 1)
+        if len(line_ends) == 0:
+            return True
+        self._tail = min(t + int(bounds[line_ends[-1]]) + 1, len(buf))
+        stops = bounds[line_ends]
+        first = np.concatenate([[0], line_ends[:-1] + 1])  # each row's first bound
+        starts = np.concatenate([[0], stops[:-1] + 1])
+        full = stops > starts  # an empty line is no row
+        if not full.all():
+            first, starts, stops, line_ends = first[full], starts[full], stops[full], line_ends[full]
+            if len(stops) == 0:
+                return True
+        if np.any(line_ends - first + 1 != self._ncols):
+            return False  # pyarrow reads another field count: not the same rows
+        rows = np.empty((3, len(stops)), np.int64)
+        np.add(bounds[first + self._label], t, out=rows[1])  # the label field's end
+        if self._label:
+            np.add(bounds[first + self._label - 1], t + 1, out=rows[0])
+        else:
+            np.add(starts, t, out=rows[0])
+        last = len(seg) - 1
+        at = np.minimum(stops, last)
+        crlf = (seg[at] == _CR) & (seg[np.minimum(stops + 1, last)] == _LF) & (stops < last)  # CRLF: both bytes
+        np.add(np.minimum(stops + 1, len(seg)) + crlf, t, out=rows[2])  # the row's end, after its line break
+        self._rows = np.concatenate([self._rows, rows], axis=1) if self._rows.shape[1] > self._next else rows
+        if self._rows is rows:
+            self._next = 0
+        return True
+
+    @staticmethod
+    def _labels_agree(data, start, end, labels) -> bool:
+        lens = end - start
+        if len(lens) == 0:
+            return len(labels) == 0
+        if len(labels) != len(lens) or np.any(lens <= 0):
+            return False
+        total = int(lens.sum())
+        got = data[np.repeat(start - (np.cumsum(lens) - lens), lens) + np.arange(total)]
+        quoted = data[start] == _QUOTE
+        is_quote = got == _QUOTE
+        if int(np.count_nonzero(is_quote)) != 2 * int(np.count_nonzero(quoted)):
+            return False
+        if not np.all(data[end[quoted] - 1] == _QUOTE):
+            return False
+        bufs = labels.buffers()
+        offsets = np.frombuffer(bufs[1], np.int32)[labels.offset: labels.offset + len(labels) + 1]
+        if not np.array_equal(np.diff(offsets), lens - 2 * quoted):
+            return False
+        want = np.frombuffer(bufs[2], np.uint8)[offsets[0]:offsets[-1]] if bufs[2] is not None else got[:0]
+        return np.array_equal(got[~is_quote], want)
+
+
 # --------------------------------------------------------------------------- writing
 
 
@@ -541,16 +842,24 @@ def _string_bytes(arr):
 class CsvOut:
     """CSV writer whose non-label fields come out byte for byte as they went in.
 
-    A field is quoted only when the dialect requires it (it holds the
-    delimiter, a quote or a line break), with quotes doubled; the label is
-    written as the shortest float64 text that reads back to the same number.
+    :meth:`write_raw` writes a CSV input's own bytes with only the label
+    fields replaced (quotes, line breaks and blank lines as they were);
+    :meth:`write` renders rows from their values (Parquet input, or the CSV
+    rows :class:`RawCsvRows` could not match to pyarrow's parse): a field is
+    quoted only when the dialect requires it (it holds the delimiter, a quote
+    or a line break), with quotes doubled. The label is written as the
+    shortest float64 text that reads back to the same number, unquoted.
     """
 
-    def __init__(self, path, names, label_index, *, delimiter=",", newline="\n", encoding="utf-8", bom=False):
+    def __init__(self, path, names, label_index, *, delimiter=",", newline="\n", encoding="utf-8", bom=False,
+                 header=None):
         self._file = open(path, "wb")
         self._pattern = _quote_pattern(delimiter)
         self.delimiter, self.newline, self.label_index = delimiter, newline, label_index
         self._encoder = None if encoding == "utf-8" else codecs.getincrementalencoder(encoding)()
+        if header is not None:  # the input's own header bytes (byte-order mark included)
+            self._file.write(header)
+            return
         if bom:
             self._file.write(_UTF8_BOM)
         header = pa.array(list(names), pa.string())
@@ -564,16 +873,43 @@ class CsvOut:
         self._file.write(data)
 
     def write(self, columns, labels):
-        fields = [pc.cast(pa.array(labels, pa.float64()), pa.string()) if col is None else _quoted(col, self._pattern)
-                  for col in columns]
+        fields = [_label_text(labels) if col is None else _quoted(col, self._pattern) for col in columns]
         lines = pc.binary_join_element_wise(*fields, self.delimiter) if len(fields) > 1 else fields[0]
         lines = pc.binary_join_element_wise(lines, "", self.newline)
         self._emit(_string_bytes(lines))
+
+    def write_raw(self, data, start, end, labels):
+        """``data`` (the input's bytes, in its encoding) with each ``data[start[i]:end[i]]`` replaced by label i."""
+        n = len(start)
+        if n == 0:
+            self._file.write(data)
+            return
+        lens = end - start
+        before = np.cumsum(lens) - lens  # label bytes removed before each row's label
+        keep = np.ones(len(data), bool)
+        keep[np.repeat(start - before, lens) + np.arange(int(lens.sum()))] = False
+        kept = data[keep]
+        # the pieces between labels, as one binary array over the kept bytes
+        offsets = np.empty(n + 2, np.int64)
+        offsets[0], offsets[1:-1], offsets[-1] = 0, start - before, len(kept)
+        pieces = pa.Array.from_buffers(pa.binary(), n + 1, [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                             pa.py_buffer(kept)])
+        text = _label_text(labels).view(pa.binary())
+        rows = pc.binary_join_element_wise(pieces.slice(0, n), text, pa.scalar(b"", pa.binary()))
+        self._file.write(_string_bytes(rows))
+        self._file.write(memoryview(kept)[int(offsets[n]):])
+
+    def write_bytes(self, data):
+        self._file.write(data)
 
     def close(self):
         if self._encoder is not None:
             self._file.write(self._encoder.encode("", final=True))
         self._file.close()
+
+
+def _label_text(labels):
+    return pc.cast(pa.array(labels, pa.float64()), pa.string())
 
 
 class ParquetOut:
@@ -590,14 +926,17 @@ class ParquetOut:
         self._writer.close()
 
 
-def open_writer(source: TableSource, path, out_kind: str):
-    """A writer for ``source``'s columns with its label column replaced by float64 labels."""
+def open_writer(source: TableSource, path, out_kind: str, *, header=None):
+    """A writer for ``source``'s columns with its label column replaced by float64 labels.
+
+    ``header``: a CSV input's own header bytes, written as they are (else the header is rendered).
+    """
     label = source.label_index
     if out_kind == ".csv":
         if source.kind == ".parquet":
             return CsvOut(path, source.names, label)
         return CsvOut(path, source.names, label, delimiter=source.delimiter, newline=source.newline,
-                      encoding=source.encoding, bom=source.bom)
+                      encoding=source.encoding, bom=source.bom, header=header)
     if source.kind == ".parquet":
         field = source.schema.field(label)
         schema = source.schema.set(label, pa.field(field.name, pa.float64()))
@@ -614,24 +953,37 @@ def open_writer(source: TableSource, path, out_kind: str):
 def copy_with_labels(source: TableSource, path, out_kind: str, new_labels, *, chunk_rows: int, bar=None) -> int:
     """Stream ``source`` to ``path`` with the label column replaced by ``new_labels(first_row, labels)``.
 
+    CSV into CSV writes the input's own bytes with only the label fields
+    replaced (:class:`RawCsvRows`, :meth:`CsvOut.write_raw`); rows it cannot
+    match to pyarrow's parse are rendered from their values instead.
     Returns the number of data rows written.
     """
     writer = None
     rows = 0
+    raw = RawCsvRows(source) if source.kind == ".csv" and out_kind == ".csv" else None
     try:
         for first, batch in source.batches(chunk_rows):
             y = source.labels(batch, first)
             out = np.asarray(new_labels(first, y), dtype=np.float64)
-            columns = source.columns(batch, first, out_kind)
+            spans = raw.take(batch.num_rows, batch.column(source.label_index)) if raw is not None else None
+            if spans is not None and source.encoding == "utf-8" and not _valid_utf8(spans[0]):
+                source.columns(batch, first, out_kind)  # names the column, row and byte that do not decode
             if writer is None:
-                writer = open_writer(source, path, out_kind)
-            writer.write(columns, out)
+                writer = open_writer(source, path, out_kind, header=raw.header if raw is not None else None)
+            if spans is not None:
+                writer.write_raw(*spans, out)
+            else:
+                writer.write(source.columns(batch, first, out_kind), out)
             rows += batch.num_rows
             if bar is not None:
                 bar.update(batch.num_rows)
-            del batch, columns, out, y
+            del batch, out, y, spans
             pa.default_memory_pool().release_unused()  # keep peak memory flat on long files
+        if raw is not None and writer is not None:
+            writer.write_bytes(raw.rest())  # blank lines after the last row, as they were
     finally:
+        if raw is not None:
+            raw.close()
         if writer is not None:
             writer.close()
     return rows

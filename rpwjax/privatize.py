@@ -113,8 +113,8 @@ def privatize_file(
     Every column is kept in order; the label column is replaced by float64
     released labels (:func:`rpwjax.release_path.release` with :func:`release_secret` of ``secret``, e.g.
     ``Secret.from_file(KEYFILE)``). Every other column leaves exactly as it
-    came in: a CSV field's text byte for byte (quoted only where the CSV
-    dialect requires it), a Parquet column with its schema and values
+    came in: a CSV field's bytes, quotes included (the header, line breaks
+    and blank lines too), a Parquet column with its schema and values
     (:mod:`rpwjax.io`). ``encoding`` is the CSV's text encoding (default
     UTF-8; the output uses the same). ``row_offset`` is the global index of
     the file's first row when the file is one shard of a larger data set

@@ -81,6 +81,14 @@ PRIVATIZE_CASES = [
      ["data row 2 (line 4)", "has 2 fields, the header has 3"]),
     ("quote that never closes", b'id,note,y\n1,"open,0.5\n2,x,0.5\n', None, 2,
      ["data row 1 (line 2)", "has 2 fields", "closing quote missing"]),
+    ("ragged row after a quote inside an unquoted field", b'id,height,y\n1,5\'11",0.5\n2,6\'\n3,6",0.5\n', None, 2,
+     ["data row 2 (line 3)", "has 2 fields, the header has 3"]),
+    ("Latin-1 in a quoted field read as UTF-8", b'"id","name","y"\n"1","ok",0.5\n"2","caf\xe9",0.5\n', None, 2,
+     ["is not valid utf-8: byte 0xe9 in column 'name' at data row 2 (line 3)"]),
+    ("Latin-1 in a later chunk read as UTF-8", LATIN1, ["--chunk-rows", "1"], 2,
+     ["is not valid utf-8: byte 0xe9 in column 'name' at data row 2 (line 3)"]),
+    ("quoted text label", b'"id","y"\n"1","0.5"\n"2","high"\n', None, 2,
+     ["label 'high' in column 'y' is not a number, at data row 2 (line 3)"]),
     ("hex label", b"id,y\n1,0.5\n2,0x1A\n", None, 2,
      ["label '0x1A' in column 'y' is not a number, at data row 2 (line 3)"]),
     ("text label", b"id,y\n1,0.5\n2,high\n", None, 2,
@@ -420,17 +428,19 @@ def test_every_other_csv_field_is_byte_identical(shared, tmp_path, capsys, newli
     assert raw == (b"\xef\xbb\xbf" if bom else b"") + expected
 
 
-def test_unneeded_quotes_are_dropped_and_needed_ones_kept(shared, tmp_path, capsys):
+def test_optional_quotes_are_kept_and_a_quoted_label_is_written_unquoted(shared, tmp_path, capsys):
     src = tmp_path / "in.csv"
-    src.write_bytes(b'a,y,b\n"plain",0.5,"x,y"\n"",0.5,"say ""hi"""\n')
+    src.write_bytes(b'"a","y","b"\n"plain","0.5","x,y"\n"",0.5,"say ""hi"""\n')
     out = tmp_path / "o.csv"
     code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json", "--quiet"],
                        capsys)
     assert code == 0, err
     lines = out.read_bytes().split(b"\n")
-    assert lines[0] == b"a,y,b"
-    assert lines[1].startswith(b"plain,") and lines[1].endswith(b',"x,y"')
-    assert lines[2].startswith(b",") and lines[2].endswith(b',"say ""hi"""')
+    assert lines[0] == b'"a","y","b"'
+    assert lines[1].startswith(b'"plain",') and lines[1].endswith(b',"x,y"')
+    assert lines[2].startswith(b'"",') and lines[2].endswith(b',"say ""hi"""')
+    assert all(b'"' not in line.split(b",")[1] for line in lines[1:3])  # the new labels: numbers, unquoted
+    assert len(lines) == 4 and lines[3] == b""
 
 
 def test_latin1_with_encoding_is_read_and_written_back_in_latin1(shared, tmp_path, capsys):
