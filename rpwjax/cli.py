@@ -360,8 +360,8 @@ def cmd_privatize_table(args) -> int:
 
 def cmd_bench(args) -> int:
     """Run the benchmarks; exit code 1 if any case failed (its error is in results.json)."""
-    from rpwjax.bench.suite.plans import PLANS
-    from rpwjax.bench.suite.report import run_plan, summary
+    from rpwjax.bench.plans import PLANS
+    from rpwjax.bench.report import run_plan, summary
     from rpwjax.errors import InputError
 
     if args.repeats is not None and args.repeats < 1:
@@ -417,7 +417,7 @@ def cmd_audit(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from rpwjax.experiments.sweeps.reproduce import beyond_report, run_jobs
+    from rpwjax.experiments.reproduce import beyond_report, run_jobs
 
     if not args.report_only:
         for name, seconds in run_jobs(args.out, args.only):
@@ -526,7 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_curves)
 
-    from rpwjax.bench.suite.plans import FAMILIES, PLANS
+    from rpwjax.bench.plans import FAMILIES, PLANS
 
     p = sub.add_parser("bench", help="runtime benchmarks against baselines and the hardware floor: results.json, plots")
     p.add_argument("--quick", action="store_true",

@@ -3,7 +3,7 @@
 One sweep = data set x mechanisms x ε grid x seeds. Each mechanism is fitted
 over the whole ε grid in one vmapped call; every (mechanism, ε, seed) draws
 its own noisy copy of the training labels; then ALL models train together in
-one vmapped training run (:func:`rpwjax.experiments.training.train_many`), in slices of
+one vmapped training run (:func:`rpwjax.training.train_many`), in slices of
 at most ``max_models``. Test MSE is measured on the TRUE test labels.
 
 Reproducibility: randomness derives from (seed, mechanism, ε value), never
@@ -28,7 +28,7 @@ from rpwjax.errors import InputError, check_epsilon
 from rpwjax.keys import Secret
 from rpwjax.pipelines import PIPELINES
 from rpwjax.release_path import release_grid
-from rpwjax.experiments.training import test_mse_many, train_many
+from rpwjax.training import test_mse_many, train_many
 
 PAPER_EPSILONS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 4.0, 8.0)
 NON_PRIVATE = "non-private"
