@@ -417,11 +417,12 @@ def cmd_audit(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from rpwjax.experiments.reproduce import beyond_report, run_jobs
+    from rpwjax.experiments.reproduce import beyond_report, run_jobs, write_verdict
 
     if not args.report_only:
         for name, seconds in run_jobs(args.out, args.only):
             print(f"{name}: {seconds:.0f} s")
+    print(write_verdict(args.out))
     print(beyond_report(args.out))
     return 0
 
@@ -564,7 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", default=None, metavar="JOB",
                    help="run only these jobs (names as in plots/logs/times.txt); the report is redrawn either way")
     p.add_argument("--report-only", action="store_true",
-                   help="only redraw the beyond-the-paper figures and target table from the committed rows")
+                   help="only redraw the verdict, the beyond-the-paper figures and the target table from the committed rows")
     p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("demo", help="a reduced sweep on bundled California Housing: table and plot (a few minutes)")

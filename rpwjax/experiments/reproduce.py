@@ -126,3 +126,75 @@ def beyond_report(out) -> str:
     table = format_target_table(target_table(summarize(combined), max_epsilon=MAX_BEYOND_EPSILON))
     (out / "beyond" / "target.md").write_text(table + "\n")
     return table
+
+
+RPWITHPRIOR_ROWS = (("rpwithprior", "default"), ("rpwithprior", "paper"), ("rpwithprior+debias", "default"))
+BASELINES = ("laplace", "gaussian", "staircase", "rr-on-bins", "unbiased")
+SETTINGS = (("private", "", "unknown prior (a private histogram costs ε₁)"),
+            ("empirical", "known-prior", "prior assumed public (the paper's known-prior setting)"))
+
+
+def _label(mechanism: str, config: str) -> str:
+    return mechanism + (" [paper]" if config == "paper" else "")
+
+
+def verdict_table(out) -> list[dict]:
+    """Does RPWithPrior (any configuration, raw or debiased) have the lowest mean test MSE among the six?
+
+    One row per data set, prior setting and ε, from the committed sweeps in ``out``
+    (``DATASET/results.csv`` and ``known-prior/DATASET/results.csv``): the best
+    RPWithPrior row, the best of the five other mechanisms, the relative margin
+    (positive: RPWithPrior wins), and the verdict. A difference within one seed
+    standard deviation (the larger of the two cells') is a tie.
+    """
+    from rpwjax.experiments.sweeps import read_rows, summarize
+
+    out = Path(out)
+    table = []
+    for prior, folder, _ in SETTINGS:
+        for dataset in ("california", "crime"):
+            path = out / folder / dataset / "results.csv" if folder else out / dataset / "results.csv"
+            cells = [s for s in summarize(read_rows(path)) if s["prior"] == prior]
+            for eps in sorted({s["epsilon"] for s in cells if np.isfinite(s["epsilon"])}):
+                at = [s for s in cells if s["epsilon"] == eps]
+                ours = [s for s in at if (s["mechanism"], s["config"]) in RPWITHPRIOR_ROWS]
+                theirs = [s for s in at if s["mechanism"] in BASELINES and s["config"] == "default"]
+                if not ours or not theirs:
+                    continue
+                a = min(ours, key=lambda s: s["test_mse_mean"])
+                b = min(theirs, key=lambda s: s["test_mse_mean"])
+                diff = b["test_mse_mean"] - a["test_mse_mean"]
+                std = max(a["test_mse_std"], b["test_mse_std"])
+                verdict = "tie" if abs(diff) <= std else ("wins" if diff > 0 else "loses")
+                table.append({"dataset": dataset, "prior": prior, "epsilon": eps,
+                              "rpwithprior": _label(a["mechanism"], a["config"]), "rpwithprior_mse": a["test_mse_mean"],
+                              "rpwithprior_std": a["test_mse_std"], "baseline": b["mechanism"],
+                              "baseline_mse": b["test_mse_mean"], "baseline_std": b["test_mse_std"],
+                              "margin": diff / b["test_mse_mean"], "verdict": verdict})
+    return table
+
+
+def format_verdict(table: list[dict]) -> str:
+    """The verdict as Markdown: one table per prior setting, and the counts."""
+    parts = []
+    for prior, _, title in SETTINGS:
+        rows = [r for r in table if r["prior"] == prior]
+        if not rows:
+            continue
+        counts = {v: sum(r["verdict"] == v for r in rows) for v in ("wins", "tie", "loses")}
+        lines = [f"**{title}**: RPWithPrior wins {counts['wins']}, ties {counts['tie']}, loses {counts['loses']} "
+                 f"of {len(rows)} cells.", "",
+                 "| data set | ε | best RPWithPrior | best other mechanism | margin | verdict |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['dataset']} | {r['epsilon']:g} | {r['rpwithprior']} {r['rpwithprior_mse']:.4g} ± "
+                         f"{r['rpwithprior_std']:.2g} | {r['baseline']} {r['baseline_mse']:.4g} ± {r['baseline_std']:.2g} | "
+                         f"{100 * r['margin']:+.1f}% | {r['verdict']} |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def write_verdict(out) -> str:
+    """``verdict.md`` in ``out`` from the committed sweeps; returns its text."""
+    text = format_verdict(verdict_table(out))
+    (Path(out) / "verdict.md").write_text(text + "\n")
+    return text
