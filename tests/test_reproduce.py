@@ -1,0 +1,53 @@
+"""The committed-sweep jobs and the verdict on the paper's claim."""
+
+import numpy as np
+
+from rpwjax import cli
+from rpwjax.experiments import reproduce
+from rpwjax.experiments.sweeps import COLUMNS, write_rows
+
+
+def _rows(dataset, prior, cells):
+    rows = []
+    for (mechanism, config, eps), values in cells.items():
+        for seed, v in enumerate(values):
+            row = dict.fromkeys(COLUMNS, 0.0)
+            row.update(dataset=dataset, mechanism=mechanism, prior=prior, config=config, epsilon=eps, seed=seed,
+                       test_mse=v, label_mse=v)
+            rows.append(row)
+    return rows
+
+
+def test_verdict_wins_ties_and_losses(tmp_path):
+    cells = {
+        ("rpwithprior", "default", 1.0): [1.0, 1.2], ("rpwithprior", "paper", 1.0): [0.50, 0.52],  # best of ours
+        ("unbiased", "default", 1.0): [0.80, 0.82], ("laplace", "default", 1.0): [3.0, 3.1],
+        ("rpwithprior", "default", 2.0): [0.50, 0.60], ("rr-on-bins", "default", 2.0): [0.52, 0.56],  # within a std
+        ("rpwithprior+debias", "default", 4.0): [0.40, 0.40], ("unbiased", "default", 4.0): [0.30, 0.30],
+        ("rpwithprior+posterior", "default", 4.0): [0.01, 0.01],  # not an RPWithPrior row of the paper: ignored
+    }
+    for prior, folder in (("private", tmp_path), ("empirical", tmp_path / "known-prior")):
+        for dataset in ("california", "crime"):
+            write_rows(_rows(dataset, prior, cells), folder / dataset / "results.csv")
+    table = reproduce.verdict_table(tmp_path)
+    assert len(table) == 12  # 2 settings x 2 data sets x 3 epsilons
+    by_eps = {r["epsilon"]: r for r in table if r["dataset"] == "crime" and r["prior"] == "empirical"}
+    assert by_eps[1.0]["verdict"] == "wins" and by_eps[1.0]["rpwithprior"] == "rpwithprior [paper]"
+    assert by_eps[1.0]["baseline"] == "unbiased"
+    assert np.isclose(by_eps[1.0]["margin"], (0.81 - 0.51) / 0.81)
+    assert by_eps[2.0]["verdict"] == "tie"
+    assert by_eps[4.0]["verdict"] == "loses" and by_eps[4.0]["rpwithprior"] == "rpwithprior+debias"
+    text = reproduce.format_verdict(table)
+    assert text.count("wins 2, ties 2, loses 2 of 6 cells") == 2
+
+
+def test_every_job_is_a_valid_curves_command(tmp_path):
+    parser = cli.build_parser()
+    names = [job.name for job in reproduce.JOBS]
+    assert len(set(names)) == len(names) and len({job.folder for job in reproduce.JOBS}) == len(names)
+    for job in reproduce.JOBS:
+        args = parser.parse_args(job.argv(tmp_path))
+        assert args.func is cli.cmd_curves and args.out == str(tmp_path / job.folder)
+    known = [j for j in reproduce.JOBS if j.folder.startswith("known-prior/")]
+    assert {j.folder for j in known} == {"known-prior/crime", "known-prior/california"}
+    assert all(parser.parse_args(j.argv(tmp_path)).prior == "empirical" for j in known)
