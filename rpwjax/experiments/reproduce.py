@@ -198,3 +198,38 @@ def write_verdict(out) -> str:
     text = format_verdict(verdict_table(out))
     (Path(out) / "verdict.md").write_text(text + "\n")
     return text
+
+
+TABLE_ORDER = ("rpwithprior", "rpwithprior [paper]", "rpwithprior+debias", "laplace", "gaussian", "staircase",
+               "rr-on-bins", "unbiased")
+
+
+def markdown_tables(path, prior: str) -> str:
+    """The README's tables of one sweep: per data set, test MSE mean ± std per mechanism row and ε, best in bold."""
+    from rpwjax.experiments.sweeps import NON_PRIVATE, read_rows, series_name, summarize
+
+    cells = [s for s in summarize(read_rows(path)) if s["prior"] == prior]
+    parts = []
+    for dataset in sorted({s["dataset"] for s in cells}):
+        sub = [s for s in cells if s["dataset"] == dataset]
+        floor = [s for s in sub if s["mechanism"] == NON_PRIVATE]
+        present = {series_name(s) for s in sub if s["mechanism"] != NON_PRIVATE}
+        series = [n for n in TABLE_ORDER if n in present] + sorted(present - set(TABLE_ORDER))
+        head = f"**{dataset}**" + (f" (non-private MLP floor: {floor[0]['test_mse_mean']:.4g} ± "
+                                   f"{floor[0]['test_mse_std']:.2g})" if floor else "")
+        labels = [n + "†" if n == "gaussian" else n for n in series]
+        lines = [head, "", "| ε | " + " | ".join(labels) + " |", "|---" * (len(series) + 1) + "|"]
+        for eps in sorted({s["epsilon"] for s in sub if s["mechanism"] != NON_PRIVATE}):
+            row = {series_name(s): s for s in sub if s["epsilon"] == eps and s["mechanism"] != NON_PRIVATE}
+            best = min(row.values(), key=lambda s: s["test_mse_mean"])["test_mse_mean"]
+            out = []
+            for name in series:
+                s = row.get(name)
+                if s is None:
+                    out.append("-")
+                    continue
+                text = f"{s['test_mse_mean']:.4g} ± {s['test_mse_std']:.2g}"
+                out.append(f"**{text}**" if s["test_mse_mean"] == best else text)
+            lines.append(f"| {eps:g} | " + " | ".join(out) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
