@@ -517,7 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clip", action="store_true", help="clip labels outside --range")
     p.add_argument("--denoise", nargs="+", choices=[*MECHANISMS, "debias"], default=None, metavar="NAME",
                    help="also evaluate these mechanisms after posterior denoising (rows NAME+posterior); debias: "
-                        "RPWithPrior fitted for the debiased label MSE, trained on (y~ - b)/a (rows rpwithprior+debias)")
+                        "the default RPWithPrior fit's release debiased, (y~ - b)/a (rows rpwithprior+debias)")
     p.add_argument("--config", nargs="+", choices=["default", "paper"], default=["default"],
                    help="default, and/or paper: RPWithPrior as the authors' code runs it (zeta 0.7 on california, "
                         "0.4 on crime, capped at (A2-A1)/2; objective inside; epsilon_1 0.017 / epsilon/3)")

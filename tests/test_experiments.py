@@ -145,8 +145,8 @@ def test_paper_config_and_debias_rows(crime_split):
     # California: a fixed ε₁ = 0.017 and ζ = 0.7
     cal = config.fit_settings("california", "rpwithprior", "paper", eps)
     assert cal["prior_epsilon"] == 0.017 and cal["zeta"] == PAPER_CONFIG["california"]["zeta"] == 0.7
-    # the debias rows: the debiased-objective fit, its released labels debiased, same keys as rpwithprior
-    fit = api.fit("rpwithprior", y, range=(lo, hi), epsilon=eps, seed=10_000, objective="debiased",
+    # the debias rows: the default fit's release (the plain rows' labels), debiased
+    fit = api.fit("rpwithprior", y, range=(lo, hi), epsilon=eps, seed=10_000,
                   **config.fit_settings("crime", "rpwithprior", "default", eps))
     clean = debias(fit.params, privatize_grid(fit, 0, "rpwithprior", y))
     got = {r["epsilon"]: r["label_mse"] for r in rows if r["mechanism"] == "rpwithprior+debias"}

@@ -44,7 +44,7 @@ PAPER_CONFIG = {
     "california": {"zeta": 0.7, "prior_epsilon": 0.017},
     "crime": {"zeta": 0.4, "prior_fraction": 1.0 / 3.0},
 }
-DEBIAS = "debias"  # SweepConfig.denoise entry: rows "rpwithprior+debias" (the debiased-objective fit, debiased labels)
+DEBIAS = "debias"  # SweepConfig.denoise entry: rows "rpwithprior+debias" (the default fit's release, debiased)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,8 +166,8 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
     with tqdm(total=total_fits, desc=f"{split.name}: fit+privatize", disable=not progress, unit="fit") as bar:
         for mech, cfg in runs:
             settings = config.fit_settings(split.name, "rpwithprior" if mech == DEBIAS else mech, cfg, eps)
-            if mech == DEBIAS:  # RPWithPrior fitted for the debiased label MSE, its released labels debiased
-                settings.update(objective="debiased")
+            # DEBIAS: the default RPWithPrior fit, its released labels debiased: (ỹ - b)/a (post-processing of the
+            # same release as the plain rows of this seed, so the two rows are a paired comparison)
             fit = None
             for seed in range(config.seeds):
                 if fit is None or config.prior == "private":
