@@ -7,11 +7,13 @@ import sys
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 ROWS = 50_000_000
 GROUP = 1_000_000
 
 
+@pytest.mark.slow
 def test_fifty_million_row_parquet_streams_under_one_gigabyte(tmp_path):
     src = tmp_path / "big.parquet"
     schema = pa.schema([("row", pa.int64()), ("y", pa.float64())])
@@ -63,6 +65,7 @@ def test_fifty_million_row_parquet_streams_under_one_gigabyte(tmp_path):
 CSV_ROWS = 5_000_000
 
 
+@pytest.mark.slow
 def test_five_million_row_csv_streams_under_one_gigabyte_and_keeps_every_field(tmp_path):
     import pyarrow.csv as pacsv
 
