@@ -1,4 +1,6 @@
-"""Helpers shared by the command-line tests."""
+"""Helpers shared by the tests: the command-line runner, and fast/slow parameter lists."""
+
+import pytest
 
 from rpwjax import cli
 
@@ -68,3 +70,13 @@ def without_field(data: bytes, column: int, skip_rows=1) -> bytes:
         previous = end
     pieces.append(data[previous:])
     return b"".join(pieces)
+def slow_unless(values, fast, ids=None):
+    """``values`` as pytest params, every one not in ``fast`` marked ``slow``: the fast subset
+    (``pytest -m "not slow"``) keeps one representative of a table, the full suite runs all of it.
+    Tuples are unpacked into several arguments; ``ids`` names the params (default: pytest's own)."""
+    out = []
+    for i, v in enumerate(values):
+        args = v if isinstance(v, tuple) else (v,)
+        marks = () if v in fast else (pytest.mark.slow,)
+        out.append(pytest.param(*args, marks=marks, id=None if ids is None else ids[i]))
+    return out

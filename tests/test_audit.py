@@ -18,6 +18,7 @@ from rpwjax.audit.checks import audit_mechanism, clopper_pearson, fit_example
 from rpwjax.errors import InputError
 from rpwjax.mechanisms.rpwithprior import RPWithPrior
 from rpwjax.mechanisms.rr_on_bins import RROnBins
+from helpers import slow_unless
 
 SAMPLES = 200_000  # per label; enough to catch every broken mechanism below with a wide margin
 # mechanisms known to spend their whole budget on the pair (lo, hi): the audit must come close to ε on them
@@ -100,8 +101,9 @@ def halved_laplace(epsilon):
 # --------------------------------------------------------------------------- every mechanism passes
 
 
-@pytest.mark.parametrize("epsilon", [1.0, 2.0])
-@pytest.mark.parametrize("name", mechanism_names())
+@pytest.mark.parametrize("name, epsilon", slow_unless(
+    [(name, eps) for name in mechanism_names() for eps in (1.0, 2.0)], fast=[("laplace", 1.0)],
+    ids=[f"{name}-{eps}" for name in mechanism_names() for eps in (1.0, 2.0)]))
 def test_registered_mechanism_passes(name, epsilon):
     params = fit_example(name, epsilon)  # a mechanism that fails to import or fit fails here, never skipped
     report = audit_mechanism(params, samples=SAMPLES, name=name)
@@ -143,6 +145,7 @@ def test_laplace_with_half_the_scale_is_caught():
     assert not report.passed
 
 
+@pytest.mark.slow
 def test_staircase_with_wrong_sampler_branch_is_caught():
     honest = fit_example("staircase", 1.0)
     broken = StaircaseOuterBranchBroken(honest.epsilon, honest.gamma, honest.lo, honest.hi, honest.gamma_rule)
@@ -154,6 +157,7 @@ def test_staircase_with_wrong_sampler_branch_is_caught():
     assert 1.0 < report.empirical_lower_bound <= true_loss
 
 
+@pytest.mark.slow
 def test_rpwithprior_with_doubled_outer_epsilon_is_caught():
     honest = fit_example("rpwithprior", 1.0)
     broken = RPWithPriorOuterTwoEpsilon(
@@ -166,6 +170,7 @@ def test_rpwithprior_with_doubled_outer_epsilon_is_caught():
     assert not report.empirical_pass
 
 
+@pytest.mark.slow
 def test_rr_on_bins_with_wrong_sampler_is_caught():
     honest = fit_example("rr-on-bins", 1.0)
     assert int(honest.num_bins) >= 2
@@ -178,6 +183,7 @@ def test_rr_on_bins_with_wrong_sampler_is_caught():
     assert report.empirical_lower_bound > 1.0
 
 
+@pytest.mark.slow
 def test_label_dependent_support_is_caught():
     honest = fit_example("rpwithprior", 1.0)
     broken = WindowOnly(honest.epsilon, honest.zeta, honest.a1, honest.a2, honest.lo, honest.hi, honest.objective)
@@ -211,12 +217,14 @@ def audit_cli(argv):
     return args.func(args)
 
 
+@pytest.mark.slow
 def test_cli_passes_and_prints_table(capsys):
     assert audit_cli(["--mechanism", "laplace", "--samples", "20000"]) == 0
     out = capsys.readouterr().out
     assert "laplace" in out and "claimed eps" in out and "NO" not in out
 
 
+@pytest.mark.slow
 def test_cli_fails_on_broken_mechanism(monkeypatch, capsys):
     monkeypatch.setattr(audit_module, "fit_example", lambda name, epsilon: halved_laplace(epsilon))
     assert audit_cli(["--mechanism", "laplace", "--epsilon", "1", "--samples", "20000"]) == 1
@@ -259,6 +267,7 @@ def test_audit_mechanism_bad_arguments():
         audit_module.audit("laplace", samples=-5)
 
 
+@pytest.mark.slow
 def test_output_grid_check_catches_unsnapped_outputs(monkeypatch):
     """If the release path stopped snapping to the public grid, the audit must fail."""
     params = audit_module.fit_example("laplace", 1.0)
@@ -289,6 +298,7 @@ def float32_release(params, grid):
     return value_fn, 1 << 23
 
 
+@pytest.mark.slow
 def test_realized_check_catches_a_float32_release():
     # range [0, 1], eps = 1, zeta = 0.1, labels 0.3 and 0.31: the float32 outputs of one label are not all
     # reachable from the other, whatever the fine grid 2^-24 does, so no finite epsilon holds
@@ -348,6 +358,7 @@ def test_key_space_check_catches_a_32_bit_key():
     assert any("do not reach the key" in p for p in report["problems"])
 
 
+@pytest.mark.slow
 def test_cli_json_one_object_per_mechanism_and_epsilon(capsys):
     import json
 
@@ -362,6 +373,7 @@ def test_cli_json_one_object_per_mechanism_and_epsilon(capsys):
         assert r["epsilon"] - 1e-9 <= r["realized_max_log_ratio"] <= r["epsilon"] + 1e-6
 
 
+@pytest.mark.slow
 def test_cli_json_fails_on_broken_mechanism(monkeypatch, capsys):
     import json
 

@@ -25,6 +25,7 @@ def bench_run(tmp_path_factory):
     return code, out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.slow
 def test_runs_every_case_without_error(bench_run):
     code, _, results = bench_run
     assert results["errors"] == []
@@ -32,6 +33,7 @@ def test_runs_every_case_without_error(bench_run):
     assert all(c["median_s"] > 0 and c["repeats"] >= 1 for c in results["cases"])
 
 
+@pytest.mark.slow
 def test_results_structure(bench_run):
     _, _, results = bench_run
     assert results["schema_version"] == plans.SCHEMA_VERSION
@@ -48,6 +50,7 @@ def test_results_structure(bench_run):
     assert {c["family"] for c in results["cases"]} == set(plans.FAMILIES)
 
 
+@pytest.mark.slow
 def test_every_registered_mechanism_has_a_sampling_case(bench_run):
     _, _, results = bench_run
     sampled = {c["meta"].get("mechanism") for c in results["cases"] if c["family"] == "sampling"}
@@ -56,6 +59,7 @@ def test_every_registered_mechanism_has_a_sampling_case(bench_run):
     assert floor and all(c["median_s"] for c in floor)
 
 
+@pytest.mark.slow
 def test_ratios_are_against_the_same_runs_baseline(bench_run):
     _, _, results = bench_run
     cases = results["cases"]
@@ -67,6 +71,7 @@ def test_ratios_are_against_the_same_runs_baseline(bench_run):
         assert math.isclose(c["ratio"], c["median_s"] / base["median_s"], rel_tol=1e-12)
 
 
+@pytest.mark.slow
 def test_targets_section(bench_run):
     _, _, results = bench_run
     targets = results["targets"]
@@ -77,6 +82,7 @@ def test_targets_section(bench_run):
         assert t["proxy"] is True  # tiny sizes are never the specified ones
 
 
+@pytest.mark.slow
 def test_plots_exist(bench_run):
     _, out, results = bench_run
     assert sorted(results["plots"]) == sorted(f"{f}.png" for f in plans.FAMILIES)

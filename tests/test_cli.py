@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rpwjax import cli
-from helpers import run
+from helpers import run, slow_unless
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,7 @@ def test_fit_reads_text_and_parquet_labels_alike(files, capsys):
     assert ra["A1"] == pytest.approx(rb["A1"], abs=1e-12) and ra["A2"] == pytest.approx(rb["A2"], abs=1e-12)
 
 
+@pytest.mark.slow
 def test_private_prior_reports_split(files, capsys):
     d, _ = files
     code, out, _ = run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
@@ -75,7 +76,7 @@ def test_private_prior_reports_split(files, capsys):
         assert len(r["prior"]["masses"]) == 20 and sum(r["prior"]["masses"]) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+@pytest.mark.parametrize("fmt", slow_unless(["csv", "parquet"], fast=["csv"]))
 def test_privatize_with_saved_params_keeps_rows_columns_and_order(files, tmp_path, capsys, fmt):
     d, table = files
     params = tmp_path / "p.json"
@@ -215,6 +216,7 @@ def test_clip_flag_clips_instead_of_refusing(tmp_path, capsys):
     assert not (tmp_path / "refused.csv").exists()
 
 
+@pytest.mark.slow
 def test_save_needs_exactly_one_epsilon(files, tmp_path, capsys):
     d, _ = files
     code, _, err = run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
@@ -231,6 +233,7 @@ def test_params_file_must_be_a_fit_record(tmp_path, capsys, files):
     assert code != 0 and "not an rpwjax fit record" in err
 
 
+@pytest.mark.slow
 def test_console_script_runs(files):
     d, _ = files
     proc = subprocess.run([sys.executable, "-m", "rpwjax.cli", "fit", "--labels", str(d / "labels.txt"), "--range", "0",
@@ -239,6 +242,7 @@ def test_console_script_runs(files):
     assert json.loads(proc.stdout)[0]["mechanism"] == "rpwithprior"
 
 
+@pytest.mark.slow
 def test_shards_with_row_offsets_match_one_run(files, tmp_path, capsys):
     d, table = files
     params = tmp_path / "p.json"
@@ -258,6 +262,7 @@ def test_shards_with_row_offsets_match_one_run(files, tmp_path, capsys):
     np.testing.assert_array_equal(np.concatenate(parts), pq.read_table(whole).column("value").to_numpy())
 
 
+@pytest.mark.slow
 def test_privatize_with_posterior_denoising(files, tmp_path, capsys):
     d, table = files
     params = tmp_path / "p.json"

@@ -15,6 +15,7 @@ from rpwjax.dask import privatize_dataframe  # noqa: E402
 from rpwjax.keys import Secret  # noqa: E402
 
 
+@pytest.mark.slow
 def test_local_cluster_equals_single_process(tmp_path, capsys):
     rng = np.random.default_rng(0)
     n = 150_001

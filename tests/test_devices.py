@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 
 from rpwjax import cli
 
@@ -36,6 +37,7 @@ def _run(tmp_path, devices, mechanism):
     return np.load(target)
 
 
+@pytest.mark.slow
 def test_one_and_four_devices_give_identical_output(tmp_path):
     for mechanism in ("rpwithprior", "staircase"):
         one = _run(tmp_path, 1, mechanism)

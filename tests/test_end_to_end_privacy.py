@@ -14,6 +14,7 @@ import pytest
 
 from rpwjax import api, cli
 from rpwjax.audit.checks import clopper_pearson
+from helpers import slow_unless
 
 N = 200_000
 EPSILON = 1.0
@@ -57,7 +58,7 @@ def two_ends(tmp_path_factory):
     return d
 
 
-@pytest.mark.parametrize("mechanism", list(api.MECHANISMS))
+@pytest.mark.parametrize("mechanism", slow_unless(list(api.MECHANISMS), fast=["laplace"]))
 def test_saved_fit_applied_to_range_ends_stays_within_epsilon(two_ends, mechanism, capsys):
     d = two_ends
     params_path = d / f"{mechanism}.json"

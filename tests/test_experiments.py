@@ -22,6 +22,22 @@ def small_sweep(crime_split):
     return run_sweep(crime_split, config, progress=False)
 
 
+@pytest.fixture(scope="module")
+def tiny_sweep(crime_split):
+    """The fast subset's sweep: one mechanism, one ε, two seeds, one epoch."""
+    config = SweepConfig(mechanisms=("laplace",), epsilons=(1.0,), seeds=2, epochs=1)
+    return run_sweep(crime_split, config, progress=False)
+
+
+def test_a_tiny_sweep_has_one_tidy_row_per_cell(tiny_sweep):
+    assert all(set(r) == set(COLUMNS) for r in tiny_sweep)
+    cells = sorted((r["mechanism"], r["epsilon"], r["seed"]) for r in tiny_sweep if r["mechanism"] != NON_PRIVATE)
+    assert cells == [("laplace", 1.0, 0), ("laplace", 1.0, 1)]
+    assert sum(r["mechanism"] == NON_PRIVATE for r in tiny_sweep) == 2
+    assert all(np.isfinite(r["test_mse"]) and r["test_mse"] > 0 for r in tiny_sweep)
+
+
+@pytest.mark.slow
 def test_rows_are_tidy_and_complete(small_sweep):
     assert all(set(r) == set(COLUMNS) for r in small_sweep)
     cells = {(r["mechanism"], r["epsilon"], r["seed"]) for r in small_sweep}
@@ -34,6 +50,7 @@ def test_rows_are_tidy_and_complete(small_sweep):
             assert abs(r["label_mse"] - 2 * b**2) < 5 * np.sqrt(20) * b**2 / np.sqrt(n)
 
 
+@pytest.mark.slow
 def test_one_cell_rerun_alone_reproduces(crime_split, small_sweep):
     config = SweepConfig(mechanisms=("rpwithprior",), epsilons=(4.0,), seeds=2, epochs=2)
     again = run_sweep(crime_split, config, progress=False)
@@ -64,13 +81,23 @@ def test_privatize_grid_releases_every_epsilon_on_its_public_grid(crime_split):
     np.testing.assert_array_equal(privatize_grid(alone, 0, "laplace", y)[0], noisy[1])
 
 
-def test_summary_has_mean_and_std(small_sweep):
-    s = summarize(small_sweep)
-    lap = [c for c in s if c["mechanism"] == "laplace" and c["epsilon"] == 0.5][0]
-    vals = [r["test_mse"] for r in small_sweep if r["mechanism"] == "laplace" and r["epsilon"] == 0.5]
+def test_summary_has_mean_and_std(tiny_sweep):
+    s = summarize(tiny_sweep)
+    lap = [c for c in s if c["mechanism"] == "laplace" and c["epsilon"] == 1.0][0]
+    vals = [r["test_mse"] for r in tiny_sweep if r["mechanism"] == "laplace" and r["epsilon"] == 1.0]
+    assert len(vals) == 2
     assert lap["test_mse_mean"] == pytest.approx(np.mean(vals)) and lap["test_mse_std"] == pytest.approx(np.std(vals, ddof=1))
 
 
+def test_plot_curves_draws_one_figure_per_dataset(tiny_sweep, tmp_path):
+    from rpwjax.experiments.plots import plot_curves
+
+    paths = plot_curves(tiny_sweep, tmp_path / "plots")
+    assert paths == [tmp_path / "plots" / "crime_curves.png"]
+    assert paths[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths[0].stat().st_size > 10_000
+
+
+@pytest.mark.slow
 def test_curves_on_unseen_user_data(tmp_path, capsys):
     rng = np.random.default_rng(3)
     n = 1200
@@ -100,6 +127,7 @@ def test_bad_sweep_config():
         SweepConfig(mechanisms=("magic",)).validate()
 
 
+@pytest.mark.slow
 def test_variants_join_the_sweep_and_the_target_table_compares_them(crime_split):
     from rpwjax.experiments.sweeps import VARIANTS, format_target_table, target_table
 

@@ -26,7 +26,7 @@ from rpwjax import cli
 from rpwjax.errors import InputError
 from rpwjax.keys import KEY_FILE_HEX, SECRET_BYTES, Secret
 from rpwjax.release_path import BLOCK_ROWS
-from helpers import run
+from helpers import run, slow_unless
 
 ROWS = BLOCK_ROWS + 4_464  # the rows cross a block boundary
 HEX = "0123456789abcdef"
@@ -160,6 +160,7 @@ def test_keygen_writes_64_hex_characters_mode_0600_and_never_overwrites(tmp_path
 # --------------------------------------------------------------------------- reproducibility
 
 
+@pytest.mark.slow
 def test_one_hex_digit_first_or_last_changes_the_output(data, tmp_path, capsys):
     d, _ = data
     text = key_hex(d / "key")
@@ -179,6 +180,7 @@ def test_one_hex_digit_first_or_last_changes_the_output(data, tmp_path, capsys):
     assert fits[0] != fits[1] and fits[0] != fits[2] and fits[1] != fits[2]
 
 
+@pytest.mark.slow
 def test_same_key_file_is_bit_identical_across_runs_and_chunk_sizes(data, tmp_path, capsys):
     d, _ = data
     outs = [privatize(capsys, d, tmp_path / f"o{chunk}.parquet", "--key-file", d / "key", "--chunk-rows", chunk)
@@ -198,6 +200,7 @@ def test_same_key_file_is_bit_identical_across_runs_and_chunk_sizes(data, tmp_pa
     assert inline[0][1] == inline[1][1]
 
 
+@pytest.mark.slow
 def test_shards_with_row_offsets_concatenate_to_the_single_run(data, tmp_path, capsys):
     d, table = data
     whole = privatize(capsys, d, tmp_path / "whole.parquet", "--key-file", d / "key")
@@ -219,6 +222,7 @@ def test_shards_with_row_offsets_concatenate_to_the_single_run(data, tmp_path, c
     assert np.mean(labels_of(tmp_path / "wrong.parquet") != whole[cut:]) > 0.5
 
 
+@pytest.mark.slow
 def test_without_a_key_file_every_run_draws_fresh_entropy(data, tmp_path, capsys):
     d, _ = data
     a = privatize(capsys, d, tmp_path / "a.parquet")
@@ -227,6 +231,7 @@ def test_without_a_key_file_every_run_draws_fresh_entropy(data, tmp_path, capsys
     assert sidecar(tmp_path / "a.parquet")["reproducible_seed"] is False
 
 
+@pytest.mark.slow
 def test_privatize_table_takes_a_key_file(data, tmp_path, capsys):
     d, _ = data
     outs = []
@@ -248,6 +253,7 @@ def test_privatize_table_takes_a_key_file(data, tmp_path, capsys):
 # --------------------------------------------------------------------------- key material stays secret
 
 
+@pytest.mark.slow
 def test_key_material_appears_in_no_output(data, tmp_path, capsys):
     d, _ = data
     key = keygen(tmp_path / "secret.key", capsys)
@@ -347,6 +353,7 @@ def test_key_file_and_seed_together_are_refused(data, tmp_path, capsys):
 # --------------------------------------------------------------------------- experiments-only seeds
 
 
+@pytest.mark.slow
 def test_seed_is_marked_reproducible_and_not_for_production(data, tmp_path, capsys):
     d, _ = data
     a = privatize(capsys, d, tmp_path / "a.csv", "--seed", 3, src="small.csv")
@@ -390,6 +397,7 @@ def test_private_prior_is_the_default_for_fit_and_privatize(data, tmp_path, caps
     assert side["prior"]["kind"] == "private-histogram" and side["epsilon_prior"] > 0
 
 
+@pytest.mark.slow
 def test_privatize_refuses_an_empirical_prior_unless_it_is_declared_public(data, tmp_path, capsys):
     d, _ = data
     inline = ["--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--prior", "empirical"]
@@ -429,6 +437,7 @@ def test_prior_epsilon_under_an_empirical_prior_is_refused(data, capsys):
     assert code == 2 and "--prior-epsilon" in err
 
 
+@pytest.mark.slow
 def test_multi_epsilon_fit_reports_each_epsilon_and_the_total_once(data, capsys):
     d, _ = data
     epsilons = [0.5, 1.0, 2.0]
@@ -460,7 +469,7 @@ def test_multi_epsilon_fit_reports_each_epsilon_and_the_total_once(data, capsys)
 # --------------------------------------------------------------------------- the public output range and grid
 
 
-@pytest.mark.parametrize("mechanism", ["rpwithprior", "laplace", "rr-on-bins"])
+@pytest.mark.parametrize("mechanism", slow_unless(["rpwithprior", "laplace", "rr-on-bins"], fast=["laplace"]))
 def test_sidecar_output_range_and_grid_describe_every_released_value(data, tmp_path, capsys, mechanism):
     d, _ = data
     out = tmp_path / "o.parquet"

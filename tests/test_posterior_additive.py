@@ -13,6 +13,7 @@ import rpwjax
 from rpwjax.mechanisms.additive import Gaussian, Laplace, Staircase
 from rpwjax.posterior import _discrete_posterior, posterior_mean
 from rpwjax.priors import Prior, empirical_prior, histogram_prior
+from helpers import slow_unless
 
 LO, HI = 0.5, 2.0  # Δ = 1.5
 MECHANISMS = ["laplace", "gaussian", "staircase"]
@@ -130,7 +131,7 @@ def test_posterior_mean_lies_inside_the_range(mechanism, epsilon):
         assert np.all((out >= LO) & (out <= HI))
 
 
-@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("mechanism", slow_unless(MECHANISMS, fast=["laplace"]))
 def test_tower_property_and_lower_error(mechanism):
     prior = PRIORS["zero-mass"]
     params = _params(mechanism, 1.0)

@@ -5,6 +5,7 @@ import types
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import rpwjax
 
@@ -31,6 +32,7 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
 
 
+@pytest.mark.slow
 def test_readme_python_examples_run_as_written(tmp_path, monkeypatch):
     blocks = python_blocks(ROOT / "README.md")
     assert blocks, "the README has Python examples"

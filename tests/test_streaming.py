@@ -20,6 +20,7 @@ ROWS = 50_000_000
 GROUP = 1_000_000
 
 
+@pytest.mark.slow
 def test_fifty_million_row_parquet_streams_under_one_gigabyte(tmp_path):
     src = tmp_path / "big.parquet"
     schema = pa.schema([("row", pa.int64()), ("y", pa.float64())])
@@ -71,6 +72,7 @@ def test_fifty_million_row_parquet_streams_under_one_gigabyte(tmp_path):
 CSV_ROWS = 5_000_000
 
 
+@pytest.mark.slow
 def test_five_million_row_csv_streams_under_one_gigabyte_and_keeps_every_field(tmp_path):
     src = tmp_path / "big.csv"
     schema = pa.schema([("row", pa.int64()), ("note", pa.string()), ("y", pa.float64())])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from rpwjax import training
@@ -27,6 +26,7 @@ def _leaves(params):
     return [np.asarray(leaf) for leaf in jax.tree_util.tree_leaves(params)]
 
 
+@pytest.mark.slow
 def test_learns_a_linear_function():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((2500, 5)).astype(np.float32)
@@ -38,6 +38,7 @@ def test_learns_a_linear_function():
     assert np.all(mse < 0.02 * y_test.var()), mse  # an untrained model is at ~1x the variance
 
 
+@pytest.mark.slow
 def test_vmap_over_models_equals_training_each_alone(small_problem):
     x, _, targets = small_problem
     seeds = np.array([3, 7])
@@ -68,6 +69,7 @@ def test_shared_targets_broadcast(small_problem):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_partial_batch_is_masked(small_problem):
     # One padded batch of 512 slots with 300 real rows must equal one exact batch of 300.
     x, y, _ = small_problem
@@ -85,6 +87,7 @@ def test_second_call_does_not_recompile(small_problem):
     assert _epoch_many._cache_size() == size
 
 
+@pytest.mark.slow
 def test_predictions_and_mse(small_problem, monkeypatch):
     x, y, targets = small_problem
     params = train_many(x, targets[:2], np.arange(2), batch_size=64, **FAST)
@@ -100,6 +103,7 @@ def test_predictions_and_mse(small_problem, monkeypatch):
     np.testing.assert_allclose(predict_many(params, x), whole, rtol=1e-6, atol=1e-7)  # matmul shape may round
 
 
+@pytest.mark.slow
 def test_float32_under_x64(small_problem):
     x, y, _ = small_problem
     with jax.enable_x64(True):
@@ -128,6 +132,7 @@ def test_weight_decay_is_l2_in_the_gradient_not_decoupled():
     np.testing.assert_allclose(updates, [-1e-3, 1e-3], rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_init_matches_pytorch_linear_bounds():
     params = init_mlp(jax.random.PRNGKey(0), 8)
     assert [layer["w"].shape for layer in params] == [(8, 128), (128, 64), (64, 1)]
@@ -153,6 +158,7 @@ def test_bad_inputs_name_the_problem(small_problem):
         train_many(x, np.full(300, np.inf), np.arange(1))
 
 
+@pytest.mark.slow
 def test_early_stopping_returns_each_models_best_validation_epoch():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(200, 3)).astype(np.float32)

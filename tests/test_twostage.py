@@ -12,6 +12,7 @@ from rpwjax.posterior import posterior_mean, posterior_mean_per_row
 from rpwjax.priors import histogram_prior, histogram_release
 from rpwjax.mechanisms.rpwithprior import fit_rpwithprior, fit_rpwithprior_per_row
 from rpwjax.mechanisms.unbiased import fit_unbiased
+from helpers import slow_unless
 
 LO, HI = 0.0, 5.0
 
@@ -24,6 +25,34 @@ def _residual_hist(rng):
 
 def _row(priors, i):
     return jax.tree_util.tree_map(lambda v: np.asarray(v)[i], priors)
+
+
+@pytest.fixture
+def histogram_epsilons(monkeypatch):
+    """The ε of every integer-noise histogram release, in order, as the noise sampler receives it
+    (:func:`rpwjax.noise.noisy_counts`, which every histogram release calls)."""
+    import rpwjax.noise
+
+    seen, real = [], rpwjax.noise.noisy_counts
+
+    def spy(counts, epsilon, secret, purpose, *index):
+        seen.append(float(epsilon))
+        return real(counts, epsilon, secret, purpose, *index)
+
+    monkeypatch.setattr(rpwjax.noise, "noisy_counts", spy)
+    return seen
+
+
+def _spy(monkeypatch, module, name, pick):
+    """Replace ``module.name`` by a wrapper that records ``pick(args, kwargs)`` of every call."""
+    seen, real = [], getattr(module, name)
+
+    def spy(*args, **kwargs):
+        seen.append(pick(args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return seen
 
 
 def test_shifted_priors_are_the_residual_histogram_moved_and_cut_to_the_range(rng):
@@ -51,6 +80,7 @@ def test_shifted_priors_fall_back_when_no_mass_is_left_in_the_range():
     assert np.isclose(np.asarray(priors.mass)[1].sum(), 1.0)
 
 
+@pytest.mark.slow
 def test_per_example_intervals_equal_the_exact_fit_on_each_row(rng):
     edges, mass = _residual_hist(rng)
     centres = np.array([0.2, 2.5, 4.7])
@@ -63,6 +93,7 @@ def test_per_example_intervals_equal_the_exact_fit_on_each_row(rng):
         assert LO <= params.a1[i] <= params.a2[i] <= HI
 
 
+@pytest.mark.slow
 def test_per_row_posterior_equals_the_one_prior_posterior(rng):
     edges, mass = _residual_hist(rng)
     centres = rng.uniform(LO, HI, 6)
@@ -190,17 +221,25 @@ def _data(rng, n=600):
     return x, y
 
 
-@pytest.mark.parametrize("stage2", ["rpwithprior", "unbiased"])
-def test_two_stage_accounting_and_per_label_privacy(stage2, rng):
+@pytest.mark.parametrize("stage2", slow_unless(["rpwithprior", "unbiased"], fast=["unbiased"]))
+def test_two_stage_accounting_and_per_label_privacy(stage2, rng, histogram_epsilons):
     x, y = _data(rng)
-    cfg = two_stage.TwoStageConfig(stage2=stage2, fraction=0.4)
+    # ε = 1 and prior_fraction = 1/4: each part spends 0.25 on its histogram and 0.75 on its mechanism
+    cfg = two_stage.TwoStageConfig(stage2=stage2, fraction=0.4, prior_fraction=0.25)
     run = two_stage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(5), config=cfg, epochs=3)
     rec = run.record
-    for part in ("part_a", "part_b"):
-        spent = rec[part].get("prior_histogram_epsilon", rec[part].get("residual_histogram_epsilon"))
-        assert spent + rec[part]["mechanism_epsilon"] == pytest.approx(1.0)
-    assert rec["part_a"]["rows"] + rec["part_b"]["rows"] == y.size
-    assert np.intersect1d(run.part_a, run.part_b).size == 0
+    assert rec["part_a"]["prior_histogram_epsilon"] == pytest.approx(0.25, abs=1e-15)
+    assert rec["part_b"]["residual_histogram_epsilon"] == pytest.approx(0.25, abs=1e-15)
+    assert rec["part_a"]["mechanism_epsilon"] == pytest.approx(0.75, abs=1e-15)
+    assert rec["part_b"]["mechanism_epsilon"] == pytest.approx(0.75, abs=1e-15)
+    assert rec["epsilon"] == rec["per_label_epsilon"] == 1.0
+    # ... and the releases spent exactly that: stage 1's and the residuals' histograms, then the mechanisms
+    assert histogram_epsilons == pytest.approx([0.25, 0.25], abs=1e-15)
+    assert float(run.stage1_params.epsilon) == pytest.approx(0.75, abs=1e-15)
+    np.testing.assert_allclose(np.asarray(run.stage2_params.epsilon), 0.75, rtol=0, atol=1e-15)
+    # the split: 40% of the 600 rows in part A, disjoint from part B, together every row
+    assert rec["part_a"]["rows"] == run.part_a.size == 240 and rec["part_b"]["rows"] == run.part_b.size == 360
+    assert np.array_equal(np.union1d(run.part_a, run.part_b), np.arange(y.size))
     assert run.labels.shape == y.shape and np.all(np.isfinite(run.labels))
     # every stage-2 row's mechanism is eps2-DP: exact log density ratio over labels in the whole range
     labels = np.linspace(LO, HI, 101)
@@ -218,9 +257,10 @@ def test_two_stage_accounting_and_per_label_privacy(stage2, rng):
             with jax.enable_x64(True):
                 logp = np.asarray(params.log_density(jnp.full(labels.shape, out, jnp.float32), jnp.asarray(z, jnp.float32)))
         assert np.all(np.isfinite(logp))
-        assert logp.max() - logp.min() <= rec["part_b"]["mechanism_epsilon"] + 1e-6
+        assert logp.max() - logp.min() <= 0.75 + 1e-6
 
 
+@pytest.mark.slow
 def test_two_stage_denoised_labels_beat_the_raw_stage_outputs_on_an_easy_problem(rng):
     x, y = _data(rng, n=2000)
     run = two_stage.two_stage_labels(x, y, LO, HI, 2.0, secret=Secret.from_seed(1), epochs=20)
@@ -231,6 +271,7 @@ def test_two_stage_denoised_labels_beat_the_raw_stage_outputs_on_an_easy_problem
     assert np.mean((run.labels[a] - y[a]) ** 2) < np.mean((run.stage1_outputs - y[a]) ** 2)
 
 
+@pytest.mark.slow
 def test_two_stage_is_reproducible_and_rejects_bad_settings(rng):
     x, y = _data(rng, n=200)
     a = two_stage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(2), epochs=2).labels
@@ -248,10 +289,17 @@ def test_two_stage_is_reproducible_and_rejects_bad_settings(rng):
         two_stage.two_stage_labels(x[:10], y, LO, HI, 1.0, secret=Secret.from_seed(2), epochs=1)
 
 
-def test_calibrated_denoising_at_small_epsilon_recovers_the_mean(rng):
+@pytest.mark.slow
+def test_calibrated_denoising_at_small_epsilon_recovers_the_mean(rng, histogram_epsilons, monkeypatch):
+    mean_epsilons = _spy(monkeypatch, calibrated, "private_mean", lambda args, kwargs: float(args[3]))
     y = np.clip(rng.gamma(2.0, 0.6, 20_000), LO, HI)
     labels, record = calibrated.calibrated_denoised(y, LO, HI, 0.05, secret=Secret.from_seed(0))
-    assert record["prior_epsilon"] + record["mechanism_epsilon"] == pytest.approx(0.05)
+    # the default prior_fraction 1/2: ε₁ = 0.025, half for the histogram, half for the mean; ε₂ = 0.025
+    assert record["prior_epsilon"] == pytest.approx(0.025, abs=1e-15)
+    assert record["mechanism_epsilon"] == pytest.approx(0.025, abs=1e-15)
+    assert histogram_epsilons == pytest.approx([0.0125], abs=1e-15)
+    assert mean_epsilons == pytest.approx([0.0125], abs=1e-15)
+    assert record["params"]["epsilon"] == pytest.approx(0.025, abs=1e-15)  # the mechanism that released
     # private mean with eps/4: discrete Laplace noise of scale about 5/(20000*0.0125) = 0.02
     assert abs(labels.mean() - y.mean()) < 0.15
 
@@ -287,11 +335,22 @@ def test_private_linear_fit_recovers_the_least_squares_fit_at_large_epsilon_and_
     assert np.mean(np.abs(noise)) == pytest.approx(b, rel=4 / np.sqrt(noise.size))  # sd |Lap(b)| = b
 
 
-def test_linear_prior_labels_accounting_and_per_row_privacy(rng):
+@pytest.mark.slow
+def test_linear_prior_labels_accounting_and_per_row_privacy(rng, histogram_epsilons, monkeypatch):
+    statistic_epsilons = _spy(monkeypatch, linear_prior, "private_linear_fit", lambda args, kwargs: float(args[4]))
+    released_epsilons = _spy(monkeypatch, linear_prior, "release", lambda args, kwargs: np.asarray(args[0].epsilon))
     x, y = _data(rng, n=1500)
     labels, record = linear_prior.linear_prior_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(4))
-    spent = record["statistics_epsilon"] + record["residual_histogram_epsilon"] + record["mechanism_epsilon"]
-    assert spent == pytest.approx(1.0) and record["per_label_epsilon"] == 1.0
+    # the defaults: 0.4 of ε on the statistics, 0.1 on the residual histogram, the remaining 0.5 on RPWithPrior
+    assert record["statistics_epsilon"] == pytest.approx(0.4, abs=1e-15)
+    assert record["residual_histogram_epsilon"] == pytest.approx(0.1, abs=1e-15)
+    assert record["mechanism_epsilon"] == pytest.approx(0.5, abs=1e-15)
+    assert record["per_label_epsilon"] == record["epsilon"] == 1.0
+    # ... and what the three releases were given
+    assert statistic_epsilons == pytest.approx([0.4], abs=1e-15)
+    assert histogram_epsilons == pytest.approx([0.1], abs=1e-15)
+    assert len(released_epsilons) == 1 and released_epsilons[0].shape == (y.size,)
+    np.testing.assert_allclose(released_epsilons[0], 0.5, rtol=0, atol=1e-15)
     assert labels.shape == y.shape and np.all((labels >= LO) & (labels <= HI))
     # with a good linear model the denoised labels are much closer than the label spread
     assert np.mean((labels - y) ** 2) < 0.5 * np.var(y)
@@ -309,6 +368,7 @@ def _table(tmp_path, rng, n=400):
     return path, y
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pipeline", ["linear-prior", "two-stage"])
 def test_privatize_table_replaces_only_the_label_column(pipeline, tmp_path, rng):
     import json

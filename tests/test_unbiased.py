@@ -1,4 +1,8 @@
-"""Unbiased randomizer: LP constraints, exact privacy, optimality (direct LP), sampler, contracts."""
+"""Unbiased randomizer: LP constraints, optimality (direct LP), grid padding, collapsing, validation.
+
+Exact privacy, the sampler against the pmf, the JSON round trip, fits over an ε grid and bias/mse
+against the release are checked for every mechanism, through the public API only, by the contract
+table (tests/test_contract.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +23,13 @@ from rpwjax.mechanisms.base import label_mse_grid, sample_grid
 from rpwjax.errors import InputError
 from rpwjax.keys import Secret
 from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
-from rpwjax.mechanisms.unbiased import Unbiased, default_extension, fit_unbiased, hat_moments, output_grid
+from rpwjax.mechanisms.unbiased import default_extension, fit_unbiased, hat_moments, output_grid
 from rpwjax.audit.verify import verify_record
 
 EPSILONS = np.array([0.1, 1.0, 4.0])
-
-# compiled once per shape (eager calls would dispatch op by op for every case and ε)
 _log_density = jax.jit(lambda params, y_tilde, y: params.log_density(y_tilde, y))
+
+# compiled once per shape (an eager call would dispatch op by op for every case and ε)
 _bias = jax.jit(lambda params, y: params.bias(y))
 
 
@@ -60,14 +64,6 @@ def real_slots(params):
     return np.asarray(params.probabilities).sum(axis=0) > 0
 
 
-def privacy_labels(prior, rng):
-    """Support points, midpoints, random points, both ends and labels beyond them (clipped)."""
-    support = np.asarray(prior.support_points())
-    lo, hi = prior.lo, prior.hi
-    mids = 0.5 * (support[1:] + support[:-1])
-    return np.concatenate([support, mids, rng.uniform(lo, hi, 20), [lo, hi, lo - 1.0, hi + 1.0]])
-
-
 def test_unbiased_at_every_support_point(fitted):
     for name, (prior, params, info) in fitted.items():
         width = prior.hi - prior.lo
@@ -90,26 +86,6 @@ def test_every_lp_constraint_holds(fitted):
             assert np.all(q.max(axis=0) <= np.exp(eps) * q.min(axis=0) + 1e-12), (name, eps)
             k = q.shape[0]
             assert info["num_outputs"][e] == real_slots(params[e]).sum() <= 2 * k, (name, eps)
-
-
-def test_exact_privacy_of_log_density(fitted):
-    rng = np.random.default_rng(7)
-    for name, (prior, params, info) in fitted.items():
-        labels = privacy_labels(prior, rng)
-        for e, eps in enumerate(EPSILONS):
-            p = params[e]
-            outputs = np.asarray(p.outputs)[real_slots(p)]
-            # every output, plus values that are not outputs (must be -inf for every label)
-            between = 0.5 * (outputs[1:] + outputs[:-1])
-            probes = np.concatenate([outputs, between, [outputs[0] - 1.0, outputs[-1] + 1.0]])
-            with jax.enable_x64(True):
-                logp = np.asarray(_log_density(p, jnp.asarray(probes)[None, :], jnp.asarray(labels)[:, None]))
-            on = logp[:, : outputs.size]
-            assert np.all(np.isfinite(on)), name  # same output set for every label
-            assert np.all(np.isneginf(logp[:, outputs.size :])), name
-            assert np.max(on.max(axis=0) - on.min(axis=0)) <= eps + 1e-9, (name, eps)
-            # and the pmf of every label sums to one over the outputs
-            np.testing.assert_allclose(np.exp(on).sum(axis=1), 1.0, atol=1e-12)
 
 
 def test_beats_laplace(fitted):
@@ -179,6 +155,7 @@ def test_matches_the_direct_lp_on_the_same_grid(eps):
     assert info["optimality_gap"] <= 1e-7
 
 
+@pytest.mark.slow
 def test_refining_or_widening_the_grid_barely_moves_the_optimum():
     rng = np.random.default_rng(3)
     prior = discrete_prior(np.linspace(0.0, 1.0, 10), rng.dirichlet(np.ones(10)), 0.0, 1.0)
@@ -191,6 +168,7 @@ def test_refining_or_widening_the_grid_barely_moves_the_optimum():
         assert abs(wide - values[1025]) <= 1e-3 * values[1025]
 
 
+@pytest.mark.slow
 def test_sampler_matches_the_pmf():
     prior = make_cases()["uniform-12"]
     params, _ = fit_unbiased(prior, 1.0)
@@ -216,21 +194,21 @@ def test_sampler_matches_the_pmf():
         assert stats.chisquare(obs[keep], exp[keep] * obs.sum() / exp[keep].sum()).pvalue > 1e-3
 
 
-def test_grid_of_epsilons_equals_scalar_fits(fitted):
-    prior, params, info = fitted["spiky-20"]
+@pytest.mark.slow
+def test_padding_of_a_grid_fit_does_not_change_the_draws(fitted):
+    """A fit over an ε grid pads every ε's outputs to the longest (zero-probability slots first): the
+    one-uniform sampler must still draw exactly what the fit at that ε alone draws."""
+    prior, params, _ = fitted["spiky-20"]
     y = jnp.asarray(np.linspace(-3.0, 7.0, 50), jnp.float32)
     key = jax.random.key(5)
     batch = np.asarray(sample_grid(params, key, y))
     keys = jax.random.split(key, EPSILONS.size)
+    padded = 0
     for e, eps in enumerate(EPSILONS):
-        single, single_info = fit_unbiased(prior, eps)
-        real = real_slots(params[e])
-        trimmed = np.asarray(params[e].probabilities)[:, real]
-        np.testing.assert_allclose(trimmed, single.probabilities, rtol=0, atol=1e-15)
-        np.testing.assert_array_equal(np.asarray(params[e].outputs)[real], single.outputs)
-        assert single_info["label_mse"] == info["label_mse"][e]
-        # padding does not change the draws
+        single, _ = fit_unbiased(prior, eps)
+        padded += np.shape(params.outputs)[-1] - np.shape(single.outputs)[-1]
         np.testing.assert_array_equal(batch[e], np.asarray(single.sample(keys[e], y)))
+    assert padded > 0  # some ε was padded
 
 
 def test_batched_prior_is_mapped_along_epsilon():
@@ -271,18 +249,7 @@ def test_off_support_labels_mix_the_two_rows_around_them_and_moments_say_so(fitt
     assert len(p.breakpoints()) == x.size
 
 
-def test_json_round_trip(fitted):
-    _, params, _ = fitted["uniform-12"]
-    p = params[2]
-    back = Unbiased.from_json(json.loads(json.dumps(p.to_json())))
-    assert isinstance(back.lo, float) and isinstance(back.hi, float)
-    for name in ("epsilon", "support", "outputs", "probabilities"):
-        np.testing.assert_array_equal(np.asarray(getattr(back, name)), np.asarray(getattr(p, name)))
-    y = jnp.linspace(0.0, 10.0, 33, dtype=jnp.float32)
-    key = jax.random.key(9)
-    np.testing.assert_array_equal(jax.jit(back.sample)(key, y), jax.jit(p.sample)(key, y))
-
-
+@pytest.mark.slow
 def test_large_support_is_collapsed_onto_equally_spaced_points():
     rng = np.random.default_rng(4)
     prior = empirical_prior(rng.uniform(0.0, 1.0, 700), 0.0, 1.0)
@@ -305,6 +272,7 @@ def test_epsilon_above_the_lp_limit_is_solved_at_the_limit():
     assert info["label_mse"] < 2.0 / 20.0**2
 
 
+@pytest.mark.slow
 def test_moderate_support_smoke():
     k = 150
     points = np.arange(k, dtype=np.float64)
