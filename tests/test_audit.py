@@ -381,3 +381,19 @@ def test_cli_json_fails_on_broken_mechanism(monkeypatch, capsys):
     assert audit_cli(["--mechanism", "laplace", "--samples", "20000", "--json"]) == 1
     (line,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert line["pass"] is False and line["realized_max_log_ratio"] > 1.9
+
+
+def test_two_step_edges_in_one_grid_cell_are_both_found():
+    """A window edge a hair inside the support edge (y just above A1) lies in the same grid cell: both edges must
+    be found, or the mass of that cell is wrong and an honest fit fails its exact check."""
+    import jax
+
+    from rpwjax.mechanisms.rpwithprior import RPWithPrior
+
+    params = RPWithPrior(1.0, 0.1, 0.37512, 0.8, 0.0, 1.0)  # edges at A1 - ζ = 0.27512 and y - ζ = 0.27514
+    with jax.enable_x64(True):
+        out = audit_module.exact_check(params, np.array([0.0, 0.37514, 0.6, 1.0]), audit_module.DEFAULT_GRID_SIZE, 0)
+    assert out["info"]["problems"] == []
+    lo, hi = out["info"]["mass_range"]
+    assert abs(lo - 1) < 1e-8 and abs(hi - 1) < 1e-8
+    assert out["max_ratio"] == pytest.approx(1.0, abs=1e-9)

@@ -256,6 +256,37 @@ def _edge_finder(params: Mechanism):
     return bisect
 
 
+MAX_EDGE_ROUNDS = 32  # a grid cell may hold several step edges of one label: each round finds one more
+
+
+def _step_edges(params: Mechanism, left, right, rows, labels):
+    """Every step edge inside the cells [left, right] (of label ``labels[rows]``): (a, b, rows) per edge.
+
+    Bisection finds the largest change of a cell; the two pieces beside it are
+    searched again while their ends still differ, so two edges in one grid cell
+    (a window edge a hair inside a support edge) are both found.
+    """
+    bisect = _edge_finder(params)
+    density = jax.jit(lambda x, y: params.log_density(x, y))
+    found_a, found_b, found_rows = [], [], []
+    for _ in range(MAX_EDGE_ROUNDS):
+        if left.size == 0:
+            break
+        a, b, jump = (np.asarray(v) for v in bisect(left, right, labels[rows]))
+        edge = jump > JUMP_TOLERANCE
+        found_a.append(a[edge])
+        found_b.append(b[edge])
+        found_rows.append(rows[edge])
+        left = np.concatenate([left[edge], b[edge]])
+        right = np.concatenate([a[edge], right[edge]])
+        rows = np.concatenate([rows[edge], rows[edge]])
+        y = labels[rows]
+        change = _change(np.asarray(density(left, y)), np.asarray(density(right, y)), np)
+        keep = (change > JUMP_TOLERANCE) & (right > left)
+        left, right, rows = left[keep], right[keep], rows[keep]
+    return np.concatenate(found_a), np.concatenate(found_b), np.concatenate(found_rows)
+
+
 def _trapezoid_weights(points: np.ndarray) -> np.ndarray:
     gaps = np.diff(points)
     w = np.zeros_like(points)
@@ -306,10 +337,7 @@ def _continuous_outputs(params, table, labels, grid_size):
     values = table(base, labels)
     # every cell of every label's density where the value changes is bisected to its step edge (if any)
     rows, cells = np.nonzero(_change(values[:, :-1], values[:, 1:], np) > JUMP_TOLERANCE)
-    bisect = _edge_finder(params)
-    a, b, jump = (np.asarray(v) for v in bisect(base[cells], base[cells + 1], labels[rows]))
-    is_edge = jump > JUMP_TOLERANCE
-    a, b, rows = a[is_edge], b[is_edge], rows[is_edge]
+    a, b, rows = _step_edges(params, base[cells], base[cells + 1], rows, labels)
     edges_by_label = {i: np.sort(b[rows == i]) for i in range(labels.size)}
     # Just either side, but not at the adjacent floats: where two labels' edges coincide in exact
     # arithmetic (staircase edges of y and y + Δ), rounding of ỹ - y splits them by an ulp, and
