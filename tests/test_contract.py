@@ -62,6 +62,8 @@ from jax import lax
 from scipy import stats
 
 import rpwjax
+from rpwjax.audit.checks import _change as audit_change
+from rpwjax.audit.checks import label_grid
 from rpwjax import Secret
 from rpwjax.mechanisms import MECHANISMS
 from rpwjax.mechanisms.additive import Laplace, gaussian_delta
@@ -198,21 +200,13 @@ def moments(params, labels):
 
 
 def privacy_labels(params, size: int = 33) -> np.ndarray:
-    """Range ends, an equal grid, every label breakpoint and the floats just either side of it."""
-    lo, hi = float(params.lo), float(params.hi)
-    points = [np.linspace(lo, hi, size)]
-    for b in params.breakpoints():
-        b = np.asarray(b, np.float64).ravel()
-        points += [b, np.nextafter(b, -np.inf), np.nextafter(b, np.inf)]
-    labels = np.unique(np.concatenate(points))
-    return labels[(labels >= lo) & (labels <= hi)]
+    """Range ends, an equal grid, every label breakpoint and the floats just either side of it (the audit's grid)."""
+    return label_grid(params, size)
 
 
 def _change(a, b, xp=np):
     """|a - b| of two log densities: infinite across a support edge, 0 where both are off the support."""
-    fa, fb = xp.isfinite(a), xp.isfinite(b)
-    both = fa & fb
-    return xp.where(both, xp.abs(xp.where(both, a, 0.0) - xp.where(both, b, 0.0)), xp.where(fa | fb, xp.inf, 0.0))
+    return audit_change(a, b, xp)
 
 
 @jax.jit
