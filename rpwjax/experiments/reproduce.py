@@ -112,9 +112,10 @@ def beyond_report(out) -> str:
         paper = [r for r in read_rows(out / dataset / "results.csv")
                  if r["epsilon"] <= MAX_BEYOND_EPSILON or r["mechanism"] == "non-private"]
         beyond = read_rows(out / "beyond" / dataset / "results.csv")
-        committed = {(r["epsilon"], r["seed"]): r for r in paper if r["mechanism"] == "rpwithprior"}
+        plain = lambda r: r["mechanism"] == "rpwithprior" and r.get("config", "default") == "default"  # noqa: E731
+        committed = {(r["epsilon"], r["seed"]): r for r in paper if plain(r)}
         for r in beyond:
-            if r["mechanism"] == "rpwithprior":
+            if plain(r):
                 c = committed[(r["epsilon"], r["seed"])]
                 if not np.isclose(r["label_mse"], c["label_mse"], rtol=1e-9):
                     raise RuntimeError(f"{dataset}: rpwithprior eps={r['epsilon']} seed={r['seed']} differs from the "
