@@ -1,3 +1,4 @@
+import jax
 import numpy as np
 import pytest
 
@@ -5,3 +6,11 @@ import pytest
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261130)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_jax_caches():
+    """Each test module starts with empty JAX compilation caches: a full run compiles thousands of shapes, and
+    holding every executable of every module at once once made XLA's compiler crash late in the run."""
+    yield
+    jax.clear_caches()
