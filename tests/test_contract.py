@@ -62,6 +62,7 @@ from jax import lax
 from scipy import stats
 
 import rpwjax
+from rpwjax.audit.checks import _cell_masses as audit_cell_masses
 from rpwjax.audit.checks import _change as audit_change
 from rpwjax.audit.checks import label_grid
 from rpwjax import Secret
@@ -261,18 +262,8 @@ def trapezoid_weights(x):
 
 
 def cell_masses(x, log_p):
-    r"""Mass of each cell [x_k, x_{k+1}] of densities ``exp(log_p)`` (rows) on sorted ``x``: log-linear
-    interpolation :math:`h (p_1 - p_0) / (\log p_1 - \log p_0)`, exact for constant and exponential pieces
-    (step and Laplace densities, whose kinks are grid points here), O(h²) for smooth ones."""
-    h = np.diff(x)
-    l0, l1 = log_p[..., :-1], log_p[..., 1:]
-    both = np.isfinite(l0) & np.isfinite(l1)
-    d = np.where(both, l1 - np.where(both, l0, 0.0), 0.0)
-    p0, p1 = np.exp(l0), np.exp(l1)
-    small = np.abs(d) < 1e-6
-    with np.errstate(divide="ignore", invalid="ignore"):
-        log_linear = np.where(small, p0 * (1 + d / 2 + d * d / 6), (p1 - p0) / np.where(small, 1.0, d))
-    return h * np.where(both, log_linear, (p0 + p1) / 2)
+    """Mass of each cell [x_k, x_{k+1}] of densities ``exp(log_p)`` on sorted ``x`` (the audit's quadrature)."""
+    return audit_cell_masses(x, log_p)
 
 
 def exact_privacy(params) -> dict:
