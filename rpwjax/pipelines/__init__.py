@@ -9,6 +9,9 @@ window around the truth.
 
 The rooms:
 
+* :mod:`~rpwjax.pipelines.auto`: the recommended one (the default of
+  ``rpwjax privatize-table``): a written rule on public quantities and
+  paid-for private statistics picks the release and every setting.
 * :mod:`~rpwjax.pipelines.two_stage`: split the rows; stage 1 privatizes part A
   under a private histogram and trains a model on it; stage 2 privatizes part
   B under residual priors centred on that model (two variants of stage 2).
@@ -46,9 +49,9 @@ class Pipeline:
     """One row of the registry: a pipeline kind with fixed settings."""
 
     name: str
-    kind: str  # "two-stage" | "linear-prior" | "calibrated"
+    kind: str  # "auto" | "two-stage" | "linear-prior" | "calibrated"
     settings: Mapping
-    postprocessing: str  # what the released labels went through after the release ("posterior-mean" | "none")
+    postprocessing: str  # after the release: "posterior-mean" | "none" | "by-rule" (auto: record["denoised"])
 
     @property
     def trains_models(self) -> bool:
@@ -64,6 +67,10 @@ class Pipeline:
 
     def run(self, features, labels, lo, hi, epsilon, *, secret: Secret, epochs: int = 50, bins: int = 32):
         """Private training labels for one ε: ``(labels, record)`` (the record is the accounting)."""
+        if self.kind == "auto":
+            from rpwjax.pipelines.auto import auto_labels
+
+            return auto_labels(features, labels, lo, hi, epsilon, secret=secret, bins=bins, **self.settings)
         if self.kind == "linear-prior":
             from rpwjax.pipelines.linear_prior import linear_prior_labels
 
@@ -86,6 +93,7 @@ def _row(name, kind, postprocessing="posterior-mean", **settings) -> Pipeline:
 PIPELINES: dict[str, Pipeline] = {
     p.name: p
     for p in (
+        _row("auto", "auto", "by-rule"),
         _row("rpwithprior+calibrated", "calibrated", prior_fraction=0.5),
         _row("linear-prior", "linear-prior", stats_fraction=0.4, prior_fraction=0.1),
         _row("two-stage", "two-stage", stage1="unbiased", stage2="rpwithprior", fraction=0.5),

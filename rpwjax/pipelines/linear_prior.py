@@ -1,55 +1,115 @@
 r"""The linear prior (:func:`linear_prior_labels`, no split): an ε_s-DP linear
 model from exact integer noise on Xᵀy over public, clipped principal components
 (:func:`private_linear_fit`) centres every row's prior; then a residual prior
-(ε₁), a per-row exact RPWithPrior interval (ε₂) and denoising. Each label is
-read by the three releases: ε_s + ε₁ + ε₂ = ε (sequential composition).
+(ε₁) and one release per label (ε₂): a per-row exact RPWithPrior interval and
+denoising, or the unbiased residual release. Each label is read by the three
+releases: ε_s + ε₁ + ε₂ = ε (sequential composition).
+
+The two steps are public functions so that :mod:`rpwjax.pipelines.auto` can
+decide between the releases after the first two (post-processing):
+:func:`linear_residual_prior` and :func:`release_around`.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms.rpwithprior import choose_zeta, fit_rpwithprior_per_row
-from rpwjax.pipelines.residuals import residual_histogram, shifted_priors
+from rpwjax.pipelines.residuals import (residual_histogram, shifted_priors, unbiased_residual_fit,
+                                       unbiased_residual_release)
 from rpwjax.pipelines.statistics import private_linear_fit, public_design
 from rpwjax.posterior import posterior_mean_per_row
 from rpwjax.priors import histogram_prior
 from rpwjax.release_path import release, sidecar_fields
 
+STAGE2 = ("rpwithprior", "unbiased")
+
+
+@dataclasses.dataclass(frozen=True)
+class LinearResidualPrior:
+    """What the first two releases give: per-row centres m (the private linear model, clipped to the range) and
+    the private residual prior (``edges``, ``mass``) around them."""
+
+    centres: np.ndarray
+    edges: np.ndarray
+    mass: np.ndarray
+    components: int
+    l1_bound: float
+
+
+def linear_residual_prior(design, bound, labels, lo, hi, eps_s, eps1, secret: Secret, *,
+                          residual_bins: int = 32) -> LinearResidualPrior:
+    """Releases 1 and 2: the ε_s-DP linear fit (child secret "statistics") and the ε₁-DP residual histogram
+    around it (child secret "residual-histogram"). ``secret`` is the pipeline's per-ε secret."""
+    theta, centre = private_linear_fit(design, labels, lo, hi, eps_s, secret.child("statistics"), bound=bound)
+    m = np.clip(design @ theta + centre, lo, hi)
+    edges, mass = residual_histogram(labels - m, hi - lo, eps1, bins=residual_bins,
+                                     secret=secret.child("residual-histogram"))
+    return LinearResidualPrior(m, edges, mass, int(design.shape[1] - 1), float(bound))
+
+
+def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Secret, stage2: str, *,
+                   unbiased_fit=None):
+    """Release 3 (child secret "release"), once per label: ``(labels, fields)``.
+
+    ``stage2="rpwithprior"``: RPWithPrior with a per-row exact interval under the row's prior (the residual
+    prior shifted to its centre), denoised under that prior. ``stage2="unbiased"``: the unbiased residual
+    release (:func:`~rpwjax.pipelines.residuals.unbiased_residual_release`), not denoised; ``unbiased_fit`` is
+    the ``unbiased_residual_fit`` result when the caller has it already.
+    """
+    if stage2 not in STAGE2:
+        raise InputError(f"stage2 must be one of {', '.join(STAGE2)}, got stage2={stage2!r}")
+    if stage2 == "unbiased":
+        params, residual_range, _ = unbiased_fit or unbiased_residual_fit(prior.edges, prior.mass, hi - lo, eps2)
+        out, _ = unbiased_residual_release(params, residual_range, prior.centres, labels, secret.child("release"))
+        return out, {"residual_range": list(residual_range), "denoised": False, "release": sidecar_fields(params)}
+    zeta = float(choose_zeta(histogram_prior(prior.edges, prior.mass), eps2)[0])
+    priors = shifted_priors(prior.edges, prior.mass, prior.centres, lo, hi)
+    params = fit_rpwithprior_per_row(priors, zeta, eps2)
+    noisy = release(params, secret.child("release"), labels)
+    return posterior_mean_per_row(params, priors, noisy), {"zeta": zeta, "denoised": True,
+                                                           "release": sidecar_fields(params)}
+
+
+def check_features(features, y) -> np.ndarray:
+    x = np.asarray(features, np.float64)
+    if x.ndim != 2 or x.shape[0] != y.size:
+        raise InputError(f"features must be (n, d) with one row per label, got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise InputError("features must be finite numbers")
+    return x
+
+
 def linear_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, stats_fraction: float = 0.4,
-                        prior_fraction: float = 0.1, components: int = 8, residual_bins: int = 32):
+                        prior_fraction: float = 0.1, components: int = 8, residual_bins: int = 32,
+                        stage2: str = "rpwithprior"):
     """Private labels whose per-row prior is centred on a private linear model (no split).
 
     Every label is read three times: by the sufficient statistic Xᵀy of a linear
     model (ε_s = ``stats_fraction``·ε), by a residual histogram around that
-    model (ε₁ = ``prior_fraction``·ε), and by its own RPWithPrior output with
-    a per-row exact interval (ε₂ = ε - ε_s - ε₁), which is then denoised under
-    the row's prior. Sequential composition: ε per label. Returns
-    ``(labels, record)``.
+    model (ε₁ = ``prior_fraction``·ε), and by its own output (ε₂ = ε - ε_s - ε₁;
+    :func:`release_around` with ``stage2``). Sequential composition: ε per
+    label. Returns ``(labels, record)``.
     """
+    if stage2 not in STAGE2:
+        raise InputError(f"stage2 must be one of {', '.join(STAGE2)}, got stage2={stage2!r}")
     lo, hi = check_range(lo, hi)
     eps = float(check_epsilon(epsilon))
     if not (0 < stats_fraction and 0 < prior_fraction and stats_fraction + prior_fraction < 1):
         raise InputError(f"need stats_fraction, prior_fraction > 0 with a sum < 1, got {stats_fraction}, {prior_fraction}")
     y = check_labels(labels, lo, hi)
-    x = np.asarray(features, np.float64)
-    if x.ndim != 2 or x.shape[0] != y.size:
-        raise InputError(f"features must be (n, d) with one row per label, got shape {x.shape}")
+    x = check_features(features, y)
     secret = check_secret(secret).for_epsilon(eps)
     eps_s, eps1 = stats_fraction * eps, prior_fraction * eps
     eps2 = eps - eps_s - eps1
     design, bound = public_design(x, components)
-    theta, centre = private_linear_fit(design, y, lo, hi, eps_s, secret.child("statistics"), bound=bound)
-    m = np.clip(design @ theta + centre, lo, hi)
-    edges, mass = residual_histogram(y - m, hi - lo, eps1, bins=residual_bins, secret=secret.child("residual-histogram"))
-    zeta = float(choose_zeta(histogram_prior(edges, mass), eps2)[0])
-    priors = shifted_priors(edges, mass, m, lo, hi)
-    params = fit_rpwithprior_per_row(priors, zeta, eps2)
-    noisy = release(params, secret.child("release"), y)
-    record = {"pipeline": "linear-prior", "epsilon": eps, "rows": int(y.size),
-              "statistics_epsilon": eps_s, "residual_histogram_epsilon": eps1, "mechanism": "rpwithprior",
-              "mechanism_epsilon": eps2, "components": int(design.shape[1] - 1), "l1_bound": bound, "zeta": zeta,
-              "per_label_epsilon": eps, "release": sidecar_fields(params)}
-    return posterior_mean_per_row(params, priors, noisy), record
+    prior = linear_residual_prior(design, bound, y, lo, hi, eps_s, eps1, secret, residual_bins=residual_bins)
+    out, fields = release_around(prior, y, lo, hi, eps2, secret, stage2)
+    record = {"pipeline": "linear-prior", "epsilon": eps, "rows": int(y.size), "statistics_epsilon": eps_s,
+              "residual_histogram_epsilon": eps1, "mechanism": stage2, "mechanism_epsilon": eps2,
+              "components": prior.components, "l1_bound": prior.l1_bound, "per_label_epsilon": eps, **fields}
+    return out, record

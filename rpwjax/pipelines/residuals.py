@@ -9,7 +9,9 @@ import numpy as np
 
 from rpwjax.errors import check_epsilon
 from rpwjax.keys import Secret
-from rpwjax.priors import Prior, histogram_release, project_counts
+from rpwjax.priors import Prior, histogram_prior, histogram_release, project_counts
+
+RESIDUAL_QUANTILE = 0.02  # the unbiased residual release clips residuals to these quantiles of the residual prior
 
 def _laplace_masses(edges, location, scale):
     """Masses of Laplace(location, scale) on bins ``edges`` (broadcast over leading axes), renormalised."""
@@ -87,3 +89,39 @@ def shifted_priors(edges, mass, centres, lo, hi, fallback: Prior | None = None) 
             fl, fr, fm = grid[:-1], grid[1:], np.full(mass.size, 1.0 / mass.size)
         left[empty], right[empty], m[empty] = fl, fr, fm
     return Prior(left, right, m, float(lo), float(hi), False, "feature-aware")
+
+
+def residual_clip_range(edges, mass, width, quantile: float = RESIDUAL_QUANTILE):
+    """The public-by-post-processing residual range [c_lo, c_hi] of the unbiased residual release: the
+    ``quantile`` and 1 - ``quantile`` quantiles of the residual prior, widened to at least ±5% of the width."""
+    cdf = np.concatenate([[0.0], np.cumsum(mass)])
+    c_lo = float(np.interp(quantile, cdf, edges))
+    c_hi = float(np.interp(1 - quantile, cdf, edges))
+    return min(c_lo, -0.05 * width), max(c_hi, 0.05 * width)
+
+
+def unbiased_residual_fit(edges, mass, width, epsilon):
+    """The optimal unbiased randomizer for residuals clipped to :func:`residual_clip_range`, fitted on the residual
+    prior restricted to that range: ``(params, (c_lo, c_hi), info)`` (``info["label_mse"]`` is its exact
+    E[(Ỹ - R)²] under that prior)."""
+    from rpwjax.mechanisms import entry
+
+    c_lo, c_hi = residual_clip_range(edges, mass, width)
+    clipped = np.clip(edges, c_lo, c_hi)
+    inner = clipped[1:] > clipped[:-1]
+    masses = mass * (clipped[1:] - clipped[:-1]) / np.diff(edges)
+    kept = np.concatenate([clipped[:-1][inner], clipped[1:][inner][-1:]])
+    prior = histogram_prior(kept, masses[inner] + 1e-12)
+    params, info = entry("unbiased").fit(prior, epsilon)
+    return params, (c_lo, c_hi), info
+
+
+def unbiased_residual_release(params, residual_range, centres, labels, secret: Secret):
+    """``(centres + Ỹ, Ỹ)`` where Ỹ is the unbiased release of clip(y - centre, c_lo, c_hi): labels unbiased for
+    ``centres + clip(y - centres)``, noise scaled to the residual range. One release per label."""
+    from rpwjax.release_path import release
+
+    c_lo, c_hi = residual_range
+    z = np.clip(np.asarray(labels, np.float64) - centres, c_lo, c_hi)
+    noisy = release(params, secret, z)
+    return centres + noisy, noisy

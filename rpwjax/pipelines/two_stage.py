@@ -56,7 +56,8 @@ from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import entry
 from rpwjax.mechanisms.rpwithprior import choose_zeta, fit_rpwithprior_per_row
-from rpwjax.pipelines.residuals import residual_histogram, shifted_priors
+from rpwjax.pipelines.residuals import (residual_histogram, shifted_priors, unbiased_residual_fit,
+                                       unbiased_residual_release)
 from rpwjax.posterior import posterior_mean, posterior_mean_per_row
 from rpwjax.priors import Prior, histogram_prior, private_histogram
 from rpwjax.release_path import release, sidecar_fields
@@ -71,8 +72,6 @@ STAGE1 = ("unbiased", "rpwithprior", "rr-on-bins", "laplace", "staircase")
 
 STAGE2 = ("rpwithprior", "unbiased")
 
-
-RESIDUAL_QUANTILE = 0.02
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,21 +180,11 @@ class TwoStageRun:
             self.stage2_params, self.stage2_outputs = params, noisy
             self.labels_b = posterior_mean_per_row(params, priors, noisy)
         else:
-            cdf = np.concatenate([[0.0], np.cumsum(self.residual_mass)])
-            c_lo = float(np.interp(RESIDUAL_QUANTILE, cdf, self.residual_edges))
-            c_hi = float(np.interp(1 - RESIDUAL_QUANTILE, cdf, self.residual_edges))
-            c_lo, c_hi = min(c_lo, -0.05 * width), max(c_hi, 0.05 * width)
-            clipped = np.clip(self.residual_edges, c_lo, c_hi)
-            inner = clipped[1:] > clipped[:-1]
-            masses = self.residual_mass * (clipped[1:] - clipped[:-1]) / np.diff(self.residual_edges)
-            edges = np.concatenate([clipped[:-1][inner], clipped[1:][inner][-1:]])
-            prior = histogram_prior(edges, masses[inner] + 1e-12)
-            params, _ = entry("unbiased").fit(prior, self.eps2)
-            z = np.clip(y_b - m1[b], c_lo, c_hi)
-            noisy = release(params, self._secret.child("stage2"), z)
+            params, (c_lo, c_hi), _ = unbiased_residual_fit(self.residual_edges, self.residual_mass, width, self.eps2)
+            self.labels_b, noisy = unbiased_residual_release(params, (c_lo, c_hi), m1[b], y_b,
+                                                             self._secret.child("stage2"))
             self.residual_range = (c_lo, c_hi)
             self.stage2_params, self.stage2_outputs = params, noisy
-            self.labels_b = m1[b] + noisy
             self.zeta = None
         return self
 
