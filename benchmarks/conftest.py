@@ -57,7 +57,7 @@ def _release_data(request):
 def run_case(benchmark, request):
     """Time one case: warm-up outside the timer, then pytest-benchmark's rounds.
 
-    A slow case with a baseline (privatize against the pyarrow copy) runs its
+    A slow case with a baseline (privatize against the pyarrow copy, auto against privatize) runs its
     baseline in pytest-benchmark's untimed ``setup`` before every round, timed
     here: the two alternate in one warm process and ``extra_info`` carries
     the baseline's median and the ratio of medians.
@@ -92,5 +92,6 @@ def run_case(benchmark, request):
                 benchmark.extra_info["ratio"] = stats.median / base_median
         else:
             benchmark.pedantic(thunk, rounds=rounds, iterations=number)
+        benchmark.extra_info.update(getattr(thunk, "meta", None) or {})  # what the calls report (auto's choice)
 
     return run

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     sizes = tuple(n for n in (10**6, 10**7, 10**8) if n <= args.max_n)
     plan = dataclasses.replace(
         plans.PLANS["full"], name="device", sampling_n=sizes, search_labels=(1_300_000,), search_bins=(),
-        epsilon_grid_sizes=(10,), epsilon_grid_prior=1_300_000, fit_support={}, privatize_rows=(),
+        epsilon_grid_sizes=(10,), epsilon_grid_prior=1_300_000, fit_support={}, privatize_rows=(), table_rows=(),
         repeats=10, min_sample_s=0.05,
     )
     groups = cases.build_groups(plan, out / "cache", families=("sampling", "search-labels", "search-epsilons"))

@@ -108,3 +108,42 @@ def test_privatize_case_uses_the_cli_chunk_size():
     from rpwjax.privatize import DEFAULT_CHUNK_ROWS
 
     assert cases.PRIVATIZE_CHUNK_ROWS == DEFAULT_CHUNK_ROWS
+
+
+@pytest.mark.slow
+def test_privatize_table_family(bench_run):
+    """auto next to privatize_file of the same labels, in every group of the family, with the ratio."""
+    from rpwjax.bench.report import summary
+
+    _, _, results = bench_run
+    rows = [c for c in results["cases"] if c["family"] == "privatize-table"]
+    assert {c["size"] for c in rows} == set(plans.PLANS["tiny"].table_rows)
+    for size in plans.PLANS["tiny"].table_rows:
+        group = {c["name"]: c for c in rows if c["size"] == size}
+        assert set(group) == {"auto", "privatize/rpwithprior"}
+        auto, base = group["auto"], group["privatize/rpwithprior"]
+        assert auto["baseline"] == "privatize/rpwithprior" and base["baseline"] is None
+        assert auto["median_s"] > 0 and base["median_s"] > 0
+        assert auto["ratio"] == pytest.approx(auto["median_s"] / base["median_s"], rel=1e-12)
+        assert auto["meta"]["epsilon"] == base["meta"]["epsilon"] == plans.SEARCH_EPSILON
+        assert auto["meta"]["range"] == base["meta"]["range"] == list(cases.TABLE_RANGE)
+        assert base["meta"]["mechanism"] == "rpwithprior"
+        assert auto["meta"]["branch"] in ("linear", "calibrated") and auto["meta"]["release"]
+        assert f"privatize-table rows={size}: auto" in summary(results)
+
+
+def test_privatize_table_input_is_cached_and_labels_depend_on_features(tmp_path):
+    import pyarrow.parquet as pq
+
+    path = cases.table_file(3000, tmp_path)
+    stamp = path.stat().st_mtime_ns
+    assert cases.table_file(3000, tmp_path) == path and path.stat().st_mtime_ns == stamp  # made once
+    table = pq.read_table(path)
+    assert table.column_names == [f"x{j}" for j in range(cases.TABLE_FEATURES)] + [cases.TABLE_LABEL]
+    x = np.column_stack([table.column(f"x{j}").to_numpy() for j in range(cases.TABLE_FEATURES)])
+    y = table.column(cases.TABLE_LABEL).to_numpy()
+    lo, hi = cases.TABLE_RANGE
+    assert y.min() >= lo and y.max() <= hi
+    assert np.corrcoef(x @ cases.TABLE_WEIGHTS, y)[0, 1] > 0.7  # the labels follow the public formula
+    again = pq.read_table(cases.table_file(3000, tmp_path / "other"))
+    assert again.equals(table)  # fixed seeds: the same table wherever it is generated

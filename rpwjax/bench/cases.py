@@ -206,35 +206,19 @@ def default_cache_dir() -> Path:
     return Path(base) / "rpwjax" / "bench"
 
 
-def parquet_file(rows: int, cache_dir) -> Path:
-    """A ``rows``-row Parquet file (row id, 3 float32 features, an int32 category, the label), made once."""
-    import pyarrow as pa
+def _cached_parquet(path: Path, rows: int, make_chunk) -> Path:
+    """Write ``path`` once (atomically) from ``make_chunk(i, start, m)`` tables of up to 2^20 rows each."""
     import pyarrow.parquet as pq
 
-    from rpwjax.experiments.datasets import criteo_synthetic_labels
-
-    cache_dir = Path(cache_dir)
-    path = cache_dir / f"privatize-{int(rows)}-v{PRIVATIZE_FILE_VERSION}.parquet"
     if path.is_file():
         return path
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.part")
     chunk = 1 << 20
     writer = None
     try:
         for i, start in enumerate(range(0, int(rows), chunk)):
-            m = min(chunk, int(rows) - start)
-            rng = np.random.default_rng([20261130, i])
-            table = pa.table(
-                {
-                    "row_id": pa.array(np.arange(start, start + m, dtype=np.int64)),
-                    "f0": pa.array(rng.standard_normal(m, dtype=np.float32)),
-                    "f1": pa.array(rng.standard_normal(m, dtype=np.float32)),
-                    "f2": pa.array(rng.standard_normal(m, dtype=np.float32)),
-                    "category": pa.array(rng.integers(0, 1000, m, dtype=np.int32)),
-                    PRIVATIZE_LABEL: pa.array(criteo_synthetic_labels(m, seed=1000 + i)),
-                }
-            )
+            table = make_chunk(i, start, min(chunk, int(rows) - start))
             if writer is None:
                 writer = pq.ParquetWriter(tmp, table.schema)
             writer.write_table(table)
@@ -247,6 +231,29 @@ def parquet_file(rows: int, cache_dir) -> Path:
         if tmp.exists():
             tmp.unlink()
     return path
+
+
+def parquet_file(rows: int, cache_dir) -> Path:
+    """A ``rows``-row Parquet file (row id, 3 float32 features, an int32 category, the label), made once."""
+    import pyarrow as pa
+
+    from rpwjax.experiments.datasets import criteo_synthetic_labels
+
+    def make_chunk(i, start, m):
+        rng = np.random.default_rng([20261130, i])
+        return pa.table(
+            {
+                "row_id": pa.array(np.arange(start, start + m, dtype=np.int64)),
+                "f0": pa.array(rng.standard_normal(m, dtype=np.float32)),
+                "f1": pa.array(rng.standard_normal(m, dtype=np.float32)),
+                "f2": pa.array(rng.standard_normal(m, dtype=np.float32)),
+                "category": pa.array(rng.integers(0, 1000, m, dtype=np.int32)),
+                PRIVATIZE_LABEL: pa.array(criteo_synthetic_labels(m, seed=1000 + i)),
+            }
+        )
+
+    return _cached_parquet(Path(cache_dir) / f"privatize-{int(rows)}-v{PRIVATIZE_FILE_VERSION}.parquet", rows,
+                           make_chunk)
 
 
 def pyarrow_copy(src, dst, chunk_rows: int) -> int:
@@ -268,35 +275,41 @@ def pyarrow_copy(src, dst, chunk_rows: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _privatize_params(rows: int, cache_dir: str):
+def _privatize_params(path: str, label_column: str, lo: float, hi: float):
+    """RPWithPrior (ε = :data:`SEARCH_EPSILON`, fixed ζ, private histogram prior) fitted to the first
+    100,000 labels of ``path``: outside the timed call, as ``rpwjax privatize --params`` uses a saved fit."""
     import pyarrow.parquet as pq
 
     from rpwjax.api import fit
 
-    path = parquet_file(rows, cache_dir)
-    first = next(pq.ParquetFile(path).iter_batches(batch_size=100_000, columns=[PRIVATIZE_LABEL]))
+    first = next(pq.ParquetFile(path).iter_batches(batch_size=100_000, columns=[label_column]))
     labels = first.column(0).to_numpy()
-    zeta = SEARCH_ZETA_FRACTION * (CRITEO_RANGE[1] - CRITEO_RANGE[0])
-    result = fit("rpwithprior", labels, range=CRITEO_RANGE, epsilon=SEARCH_EPSILON, zeta=zeta, prior="private", seed=0)
+    zeta = SEARCH_ZETA_FRACTION * (hi - lo)
+    result = fit("rpwithprior", labels, range=(lo, hi), epsilon=SEARCH_EPSILON, zeta=zeta, prior="private", seed=0)
     return result.params, result.records()[0]
 
 
-def privatize_thunk(rows: int, cache_dir):
+def privatize_file_thunk(src, label_column: str, lo: float, hi: float, dst):
+    """Timed call: ``privatize_file`` of ``label_column`` of ``src`` (RPWithPrior, parameters fitted in setup)."""
     from rpwjax.keys import Secret
     from rpwjax.privatize import privatize_file
 
-    src = parquet_file(rows, cache_dir)
-    params, record = _privatize_params(int(rows), str(cache_dir))
-    dst = Path(cache_dir) / f"out-privatize-{os.getpid()}.parquet"
+    params, record = _privatize_params(str(src), label_column, float(lo), float(hi))
     secret = Secret.from_seed(7)
 
     def call():
         return privatize_file(
-            src, dst, label_column=PRIVATIZE_LABEL, params=params, secret=secret, record=record,
+            src, dst, label_column=label_column, params=params, secret=secret, record=record,
             chunk_rows=PRIVATIZE_CHUNK_ROWS, progress=False,
         )
 
     return call
+
+
+def privatize_thunk(rows: int, cache_dir):
+    src = parquet_file(rows, cache_dir)
+    dst = Path(cache_dir) / f"out-privatize-{os.getpid()}.parquet"
+    return privatize_file_thunk(src, PRIVATIZE_LABEL, *CRITEO_RANGE, dst)
 
 
 def copy_thunk(rows: int, cache_dir):
@@ -305,9 +318,69 @@ def copy_thunk(rows: int, cache_dir):
     return lambda: pyarrow_copy(src, dst, PRIVATIZE_CHUNK_ROWS)
 
 
+# privatize-table: the auto pipeline on a feature table, next to privatize_file of the same labels
+
+TABLE_LABEL = "y"
+TABLE_FEATURES = 8
+TABLE_RANGE = (0.0, 10.0)
+TABLE_FILE_VERSION = 1
+TABLE_WEIGHTS = np.array([1.0, -0.8, 0.6, -0.4, 0.3, -0.2, 0.1, 0.05])  # the public formula's linear part
+
+
+def table_labels(x: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """The public formula of the benchmark table's labels, clipped into :data:`TABLE_RANGE`:
+    ``5 + x·w + sin(2·x0) + 0.5·x1·x2 + noise`` (w = :data:`TABLE_WEIGHTS`)."""
+    raw = 5.0 + x @ TABLE_WEIGHTS + np.sin(2.0 * x[:, 0]) + 0.5 * x[:, 1] * x[:, 2] + noise
+    return np.clip(raw, *TABLE_RANGE)
+
+
+def table_file(rows: int, cache_dir) -> Path:
+    """A ``rows``-row Parquet table made once: 8 float64 standard normal features ``x0..x7`` and the label
+    ``y`` = :func:`table_labels` (standard normal noise), each 2^20-row chunk from its own fixed seed."""
+    import pyarrow as pa
+
+    def make_chunk(i, start, m):
+        rng = np.random.default_rng([20261201, i])
+        x = rng.standard_normal((m, TABLE_FEATURES))
+        y = table_labels(x, rng.standard_normal(m))
+        return pa.table({**{f"x{j}": pa.array(x[:, j]) for j in range(TABLE_FEATURES)}, TABLE_LABEL: pa.array(y)})
+
+    return _cached_parquet(Path(cache_dir) / f"privatize-table-{int(rows)}-v{TABLE_FILE_VERSION}.parquet", rows,
+                           make_chunk)
+
+
+def table_auto_thunk(rows: int, cache_dir):
+    """Timed call: ``privatize_table(..., pipeline="auto")`` at ε = 1 (what ``rpwjax privatize-table --pipeline
+    auto`` runs: read, every statistic and fit, release, write). The thunk's ``meta`` receives the rule's choice."""
+    from rpwjax.keys import Secret
+    from rpwjax.pipelines.table import privatize_table
+
+    src = table_file(rows, cache_dir)
+    dst = Path(cache_dir) / f"out-table-auto-{os.getpid()}.parquet"
+    secret = Secret.from_seed(7)
+    meta = {}
+
+    def call():
+        sidecar = privatize_table(src, dst, label_column=TABLE_LABEL, lo=TABLE_RANGE[0], hi=TABLE_RANGE[1],
+                                  epsilon=SEARCH_EPSILON, pipeline="auto", secret=secret)
+        trace = sidecar["accounting"]["auto"]
+        meta.update(branch=trace["plan"]["branch"], release=trace.get("release"), q=trace.get("q"))
+        return sidecar
+
+    call.meta = meta
+    return call
+
+
+def table_privatize_thunk(rows: int, cache_dir):
+    src = table_file(rows, cache_dir)
+    dst = Path(cache_dir) / f"out-table-privatize-{os.getpid()}.parquet"
+    return privatize_file_thunk(src, TABLE_LABEL, *TABLE_RANGE, dst)
+
+
 def cleanup_outputs(cache_dir):
-    """Remove this process's privatize/copy outputs from the cache directory."""
-    for pattern in (f"out-privatize-{os.getpid()}.parquet*", f"out-copy-{os.getpid()}.parquet"):
+    """Remove this process's privatize/copy/privatize-table outputs from the cache directory."""
+    pid = os.getpid()
+    for pattern in (f"out-privatize-{pid}.parquet*", f"out-copy-{pid}.parquet", f"out-table-*-{pid}.parquet*"):
         for p in Path(cache_dir).glob(pattern):
             p.unlink()
 
@@ -384,6 +457,18 @@ def build_groups(plan: Plan, cache_dir, families=None) -> list[Group]:
             Member("privatize", "privatize/rpwithprior", rows, "rows",
                    functools.partial(privatize_thunk, rows, cache_dir), baseline="pyarrow-copy", slow=True,
                    meta={"mechanism": "rpwithprior", **chunk}),
+        ])
+
+    table = {"features": TABLE_FEATURES, "range": list(TABLE_RANGE), "epsilon": SEARCH_EPSILON, "format": "parquet"}
+    for rows in plan.table_rows:
+        add("privatize-table", rows, [
+            Member("privatize-table", "privatize/rpwithprior", rows, "rows",
+                   functools.partial(table_privatize_thunk, rows, cache_dir), slow=True,
+                   meta={"mechanism": "rpwithprior", "fit": "in setup (first 100,000 labels, fixed zeta)",
+                         "chunk_rows": PRIVATIZE_CHUNK_ROWS, **table}),
+            Member("privatize-table", "auto", rows, "rows", functools.partial(table_auto_thunk, rows, cache_dir),
+                   baseline="privatize/rpwithprior", slow=True,
+                   meta={"pipeline": "auto", "fit": "in the timed call", **table}),
         ])
     return groups
 

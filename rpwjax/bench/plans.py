@@ -31,6 +31,7 @@ class Plan:
     epsilon_grid_prior: int
     fit_support: dict  # mechanism -> support sizes
     privatize_rows: tuple[int, ...]
+    table_rows: tuple[int, ...]  # privatize-table: rows of the 8-feature table (auto pipeline, privatize_file)
     repeats: int
     slow_repeats: int  # for members whose single call takes seconds (reference, privatize)
     min_sample_s: float
@@ -48,6 +49,7 @@ PLANS = {
         epsilon_grid_prior=1_300_000,
         fit_support={"rr-on-bins": (16, 64, 128, 256, 401, 1024), "unbiased": (16, 32, 64, 128, 256, 401)},
         privatize_rows=(10**6, 10**7),
+        table_rows=(10**6,),
         repeats=7,
         slow_repeats=5,
         min_sample_s=0.02,
@@ -63,6 +65,7 @@ PLANS = {
         epsilon_grid_prior=1_300_000,
         fit_support={"rr-on-bins": (16, 64, 401), "unbiased": (16, 64)},
         privatize_rows=(10**6,),
+        table_rows=(20_000,),
         repeats=3,
         slow_repeats=2,
         min_sample_s=0.01,
@@ -79,6 +82,7 @@ PLANS = {
         epsilon_grid_prior=200,
         fit_support={"rr-on-bins": (8,), "unbiased": (8,)},
         privatize_rows=(5000,),
+        table_rows=(10_000,),  # the unbiased release (at 5000 rows auto picks the slower per-row RPWithPrior)
         repeats=2,
         slow_repeats=2,
         min_sample_s=0.0,
@@ -116,6 +120,7 @@ TARGETS = (
 )
 
 
-FAMILIES = ("sampling", "search-labels", "search-histogram", "search-epsilons", "fit-support", "privatize")
+FAMILIES = ("sampling", "search-labels", "search-histogram", "search-epsilons", "fit-support", "privatize",
+            "privatize-table")
 
 

@@ -155,7 +155,7 @@ def run_plan(plan: Plan, out_dir, *, cache_dir=None, families=None, repeats=None
             bar.set_postfix_str(f"{g.family} size={g.size}")
             cases.extend(time_group(g, plan, repeats, bar))
             clear_caches(everything=False)
-            if g.family == "privatize":
+            if g.family in ("privatize", "privatize-table"):
                 cleanup_outputs(cache_dir)
     clear_caches()
     results = {
@@ -176,6 +176,25 @@ def run_plan(plan: Plan, out_dir, *, cache_dir=None, families=None, repeats=None
     return results
 
 
+SUMMARY_FAMILIES = ("privatize-table",)  # families without a target whose ratios the summary prints
+
+
+def comparison_lines(cases: list[dict], families=SUMMARY_FAMILIES) -> list[str]:
+    """One line per case with a baseline in ``families``: its median, the baseline's, and the ratio."""
+    lines = []
+    for c in cases:
+        if c["family"] not in families or not c["baseline"]:
+            continue
+        head = f"  {c['family']} {c['size_unit']}={c['size']}: {c['name']}"
+        if not (c["median_s"] and c["baseline_median_s"]):
+            lines.append(f"{head}: not measured")
+            continue
+        choice = f" [{c['meta']['branch']}, {c['meta']['release']}]" if c["meta"].get("release") else ""
+        lines.append(f"{head}{choice} {c['median_s']:.4g} s, {c['baseline']} {c['baseline_median_s']:.4g} s, "
+                     f"ratio {c['ratio']:.4g} (medians of {c['repeats']})")
+    return lines
+
+
 def summary(results: dict) -> str:
     lines = [f"rpwjax bench ({results['plan']}, {results['machine']['backend']}, "
              f"{results['machine']['cpu_count']} CPUs, load {results['machine'].get('load_average')}): "
@@ -187,6 +206,7 @@ def summary(results: dict) -> str:
         flag = "met" if t["met"] else "NOT MET"
         at = f" (at size {t['measured_at_size']}, spec {t['size']})" if t["proxy"] else ""
         lines.append(f"  {name}: {t['value']:.4g} {t['op']} {t['threshold']:g}: {flag}{at}")
+    lines.extend(comparison_lines(results["cases"]))
     for e in results["errors"]:
         lines.append(f"  ERROR {e}")
     return "\n".join(lines)

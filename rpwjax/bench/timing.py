@@ -63,8 +63,9 @@ def time_group(group: Group, plan: Plan, repeats: int | None = None, progress=No
                 rec["samples_s"].append((time.perf_counter() - start) / number)
             except Exception as err:
                 rec["error"] = f"{type(err).__name__}: {err}"
-    for m, _, number, rec in live:
+    for m, thunk, number, rec in live:
         rec["calls_per_sample"] = number
+        rec["meta"].update(getattr(thunk, "meta", None) or {})  # what a thunk's calls report (auto's choice)
         if rec["samples_s"] and "error" not in rec:
             rec["median_s"] = statistics.median(rec["samples_s"])
             rec["min_s"] = min(rec["samples_s"])
