@@ -26,6 +26,8 @@ LOW_EPSILONS = ("0.05", "0.1", "0.3", "0.5", "0.8", "1", "1.5", "2")
 BEYOND_VARIANTS = ("rpwithprior+calibrated", "two-stage", "two-stage-rpwithprior", "two-stage-unbiased", "linear-prior")
 DATASETS = ("crime", "california")
 MAX_BEYOND_EPSILON = 2.0
+AUTO_VARIANTS = ("auto", "rr-on-bins+feature-prior", "unbiased+feature-prior")
+AUTO_DATASETS = ("crime", "california", "randhie")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +56,9 @@ def _jobs() -> list[Job]:
     jobs += [Job(f"beyond-{d}", f"beyond/{d}", ("--dataset", d, "--mechanisms", "rpwithprior", "--variants",
                                                  *BEYOND_VARIANTS, "--epsilon", *LOW_EPSILONS, "--seeds", "3"))
              for d in DATASETS]
+    # the auto pipeline against the six (default configuration) and the fair comparison, five seeds, every ε
+    jobs += [Job(f"auto-{d}", f"auto/{d}", ("--dataset", d, "--variants", *AUTO_VARIANTS, "--seeds", "5"))
+             for d in AUTO_DATASETS]
     jobs.append(Job("beyond-california-5-seeds", "beyond/california-5-seeds",
                     ("--dataset", "california", "--mechanisms", "unbiased", "--variants", "two-stage-unbiased",
                      "--epsilon", "1", "1.5", "2", "--seeds", "5")))

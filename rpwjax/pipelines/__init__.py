@@ -17,6 +17,8 @@ The rooms:
   B under residual priors centred on that model (two variants of stage 2).
 * :mod:`~rpwjax.pipelines.linear_prior`: no split; a private linear model
   centres every row's prior.
+* :mod:`~rpwjax.pipelines.feature_prior`: the fair comparison, RR-on-Bins
+  or Unbiased given ``auto``'s feature-aware prior.
 * :mod:`~rpwjax.pipelines.calibrated`: no features; a private histogram tilted
   to a private mean.
 * :mod:`~rpwjax.pipelines.residuals` and :mod:`~rpwjax.pipelines.statistics`:
@@ -49,7 +51,7 @@ class Pipeline:
     """One row of the registry: a pipeline kind with fixed settings."""
 
     name: str
-    kind: str  # "auto" | "two-stage" | "linear-prior" | "calibrated"
+    kind: str  # "auto" | "two-stage" | "linear-prior" | "calibrated" | "feature-prior"
     settings: Mapping
     postprocessing: str  # after the release: "posterior-mean" | "none" | "by-rule" (auto: record["denoised"])
 
@@ -71,6 +73,10 @@ class Pipeline:
             from rpwjax.pipelines.auto import auto_labels
 
             return auto_labels(features, labels, lo, hi, epsilon, secret=secret, bins=bins, **self.settings)
+        if self.kind == "feature-prior":
+            from rpwjax.pipelines.feature_prior import feature_prior_labels
+
+            return feature_prior_labels(features, labels, lo, hi, epsilon, secret=secret, bins=bins, **self.settings)
         if self.kind == "linear-prior":
             from rpwjax.pipelines.linear_prior import linear_prior_labels
 
@@ -99,6 +105,8 @@ PIPELINES: dict[str, Pipeline] = {
         _row("two-stage", "two-stage", stage1="unbiased", stage2="rpwithprior", fraction=0.5),
         _row("two-stage-rpwithprior", "two-stage", stage1="rpwithprior", stage2="rpwithprior", fraction=0.5),
         _row("two-stage-unbiased", "two-stage", "none", stage1="unbiased", stage2="unbiased", fraction=0.3),
+        _row("rr-on-bins+feature-prior", "feature-prior", "none", mechanism="rr-on-bins"),
+        _row("unbiased+feature-prior", "feature-prior", "none", mechanism="unbiased"),
     )
 }
 ALIASES = {"calibrated": "rpwithprior+calibrated"}  # the name privatize-table has always accepted

@@ -1,46 +1,57 @@
 r"""``auto``: one pipeline for a user's table, every setting chosen by a rule written down in advance.
 
-The rule reads public quantities first: ε, the number of rows n, the feature
-design (its number of components k and the public L1 bound of its rows,
-:func:`~rpwjax.pipelines.statistics.public_design`) and the width W of the
-public range. It never reads a label outside an accounted release, and it
-does not look at any model's error.
+The rule reads public quantities: ε, the number of rows n, the feature
+design (its number of components k and the public L1 bound B of its rows,
+:func:`~rpwjax.pipelines.statistics.public_design`) and the public range
+[lo, hi] of width W. Where those are not enough it uses private statistics
+that it pays for inside the same ε (a private linear model and a private
+residual histogram around it). It never reads a label outside an accounted
+release and never looks at any model's error.
 
 1. **Can a private linear model be afforded?** (public.) The ε_s-DP linear
-   fit has coefficient noise of standard deviation about √2·W·B/(ε_s·n)
-   (B the L1 bound). Its size relative to the scale of a coefficient of a
-   label in a range of width W over k + 1 unit-variance columns,
-   W/(2√(k+1)), is ρ(ε_s) = 2√2·B·√(k+1)/(ε_s·n). If even half of ε leaves
-   ρ above :data:`AFFORD_RHO`, the features cannot be used: branch
+   fit has coefficient noise of standard deviation about √2·W·B/(ε_s·n).
+   Relative to the scale of a coefficient of a label of range W over k + 1
+   unit-variance columns, W/(2√(k+1)), that is ρ(ε_s) = 2√2·B·√(k+1)/(ε_s·n).
+   If ρ(ε/2) > :data:`AFFORD_RHO`, the features cannot be used: branch
    ``calibrated`` (a private histogram tilted to a private mean, RPWithPrior,
-   posterior mean; :mod:`~rpwjax.pipelines.calibrated`).
-2. **Budget split** (public), otherwise: ε_s is what brings ρ down to
-   :data:`TARGET_RHO`, held within [5%, 50%] of ε; the residual histogram gets
-   ε₁ = :data:`HISTOGRAM_RATE`/n, held within [2%, 10%] of ε (about what the
-   histogram needs to be trusted bin by bin); the release gets the rest, ε₂.
-   A statistic costs about the same absolute ε whatever ε is, so at large ε
-   almost all of it goes to the release.
-3. **Which release** (private statistics, post-processing of releases 1 and
-   2). After the linear fit and the residual histogram (both paid inside ε),
-   the unbiased residual release is fitted (no label is read) and its exact
-   label variance σ_u² under the residual prior is known, as is a private
-   estimate v̂ of the label variance (the variance of the linear predictions
-   plus that of the residual prior). The noise a model trained on n unbiased
-   labels must average out, relative to what there is to learn, is
-   Q = σ_u²/(n·v̂). If Q < :data:`UNBIASED_BELOW`, the labels go out unbiased
-   (m(x) + an unbiased release of the clipped residual: the model learns the
-   truth, with noise it can average away); otherwise RPWithPrior with the
-   per-row prior, denoised (less noise, some pull towards the linear model).
+   posterior mean; :mod:`~rpwjax.pipelines.calibrated`), ε₁ = ε/2.
+2. **Unbiased or denoised labels?** (public.) A model trained on n labels
+   with unbiased noise of variance σ² must average that noise away; relative
+   to the spread of a label in the range (W²/12) it is left with about
+   Q = σ²/(n·W²/12). σ² is computed, not measured: the exact label variance
+   of the Unbiased mechanism fitted to the uniform prior on [lo, hi] at ε
+   (an upper bound on what the residual release below pays). If
+   Q < :data:`UNBIASED_BELOW`, branch ``unbiased``, else ``denoised``.
+3. **Budget split** (public). ``denoised``: ε_s = ε/2 if ρ(0.4ε) > 0.15,
+   else 0.4ε; ε₁ = 0.1ε (the denoised labels lean on the linear model, so it
+   gets a large share). ``unbiased``: ε_s brings ρ down to
+   :data:`TARGET_RHO`, held within [5%, 10%] of ε, and ε₁ = 5% of ε: here
+   the centres only narrow the residual range, and the release's noise falls
+   steeply with its ε, so at least 85% of ε goes to the release. The release
+   gets ε₂ = ε - ε_s - ε₁.
+4. **Releases** (private statistics, then post-processing). The linear fit
+   (ε_s) gives centres m(x), clipped to the range; the residual histogram
+   (ε₁) the residual prior around them. ``denoised``: RPWithPrior with a
+   per-row exact interval under the row's prior (centres rounded to
+   :data:`LEVELS` + 1 public levels first), posterior mean
+   (:func:`~rpwjax.pipelines.linear_prior.release_around`). ``unbiased``:
+   the rows are put in :data:`GROUPS` public groups by their centre
+   (quantiles of m(x)); group g clips residuals to the residual prior's 2%
+   and 98% quantiles intersected with [lo - max m_g, hi - min m_g] (where a
+   residual of a label in the range can lie), and releases them with the
+   Unbiased mechanism fitted to that range: labels m(x) + Ỹ, unbiased for
+   m(x) + clip(y - m(x)).
 
-Every constant was fixed from validation runs that never read a test row
-(the training rows of the bundled data sets split again) and before the
-sweep that judges ``auto`` (plots/auto/). The sidecar records every quantity
-the rule read, the branch and every ε spent (``record["auto"]``).
+The constants were fixed from validation runs that never read a test row
+(the training rows of the bundled data sets split again), before the sweep
+that judges ``auto`` (plots/auto/). The sidecar records the plan, every
+quantity the rule read and every ε spent (``record["auto"]``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import numpy as np
@@ -48,15 +59,17 @@ import numpy as np
 from rpwjax.errors import check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.pipelines.linear_prior import check_features, linear_residual_prior, release_around
-from rpwjax.pipelines.residuals import unbiased_residual_fit
+from rpwjax.pipelines.residuals import residual_clip_range, unbiased_residual_fit, unbiased_residual_release
 from rpwjax.pipelines.statistics import public_design
+from rpwjax.release_path import sidecar_fields
 
 AFFORD_RHO = 0.5  # step 1: above this relative coefficient noise at ε_s = ε/2, the features are not used
-TARGET_RHO = 0.1  # step 2: ε_s brings the relative coefficient noise down to this
-STATS_SHARE = (0.05, 0.5)  # step 2: ε_s/ε held within these
-HISTOGRAM_RATE = 320.0  # step 2: ε₁ = HISTOGRAM_RATE / n ...
-HISTOGRAM_SHARE = (0.02, 0.1)  # ... held within these shares of ε
-UNBIASED_BELOW = 0.002  # step 3: unbiased labels when σ_u²/(n·v̂) is below this
+UNBIASED_BELOW = 0.001  # step 2: unbiased labels when σ²/(n·W²/12) is below this
+TARGET_RHO = 0.1  # step 3 (unbiased): ε_s brings the relative coefficient noise down to this
+STATS_SHARE = (0.05, 0.1)  # ... held within these shares of ε
+HISTOGRAM_SHARE = 0.05  # step 3 (unbiased): ε₁/ε
+GROUPS = 8  # step 4 (unbiased): centre groups, each with its own residual range
+LEVELS = 1024  # step 4 (denoised): centres rounded to 1025 public levels across the range (one interval search each)
 COMPONENTS = 8
 RESIDUAL_BINS = 32
 CALIBRATED_PRIOR_FRACTION = 0.5
@@ -64,21 +77,23 @@ CALIBRATED_PRIOR_FRACTION = 0.5
 
 @dataclasses.dataclass(frozen=True)
 class AutoPlan:
-    """Steps 1 and 2 of the rule: public numbers only."""
+    """Steps 1 to 3 of the rule: public numbers only."""
 
     epsilon: float
     rows: int
     components: int
     l1_bound: float
     width: float
-    rho_at_half: float  # ρ with ε_s = ε/2
-    branch: str  # "calibrated" | "linear"
+    rho_at_half: float  # ρ(ε/2)
+    unbiased_noise_ratio: float  # Q of step 2 (nan on the calibrated branch)
+    branch: str  # "calibrated" | "denoised" | "unbiased"
     statistics_epsilon: float
     residual_histogram_epsilon: float
     release_epsilon: float
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {k: (None if isinstance(v, float) and math.isnan(v) else v)
+                for k, v in dataclasses.asdict(self).items()}
 
 
 def relative_coefficient_noise(rows: int, components: int, l1_bound: float, eps_s: float) -> float:
@@ -86,17 +101,58 @@ def relative_coefficient_noise(rows: int, components: int, l1_bound: float, eps_
     return 2 * math.sqrt(2) * l1_bound * math.sqrt(components + 1) / (eps_s * rows)
 
 
+@functools.lru_cache(maxsize=256)
+def uniform_unbiased_variance(epsilon: float, bins: int = 32) -> float:
+    """Label variance of the Unbiased mechanism fitted to the uniform prior on [0, 1] at ``epsilon`` (scale by
+    W² for a range of width W): a public number."""
+    from rpwjax.mechanisms import entry
+    from rpwjax.priors import histogram_prior
+
+    _, info = entry("unbiased").fit(histogram_prior(np.linspace(0.0, 1.0, bins + 1), np.full(bins, 1.0 / bins)),
+                                    float(epsilon))
+    return float(np.asarray(info["label_mse"]).reshape(-1)[0])
+
+
 def plan(epsilon: float, rows: int, components: int, l1_bound: float, width: float) -> AutoPlan:
-    """Steps 1 and 2 of the rule (see the module docstring)."""
+    """Steps 1 to 3 of the rule (see the module docstring)."""
     eps = float(epsilon)
-    rho_half = relative_coefficient_noise(rows, components, l1_bound, eps / 2)
-    if rho_half > AFFORD_RHO:
+    rho = functools.partial(relative_coefficient_noise, rows, components, l1_bound)
+    head = (eps, rows, components, l1_bound, width, rho(eps / 2))
+    if rho(eps / 2) > AFFORD_RHO:
         eps1 = CALIBRATED_PRIOR_FRACTION * eps
-        return AutoPlan(eps, rows, components, l1_bound, width, rho_half, "calibrated", 0.0, eps1, eps - eps1)
-    needed = relative_coefficient_noise(rows, components, l1_bound, 1.0) / TARGET_RHO  # ε_s with ρ = TARGET_RHO
-    eps_s = float(np.clip(needed, STATS_SHARE[0] * eps, STATS_SHARE[1] * eps))
-    eps1 = float(np.clip(HISTOGRAM_RATE / rows, HISTOGRAM_SHARE[0] * eps, HISTOGRAM_SHARE[1] * eps))
-    return AutoPlan(eps, rows, components, l1_bound, width, rho_half, "linear", eps_s, eps1, eps - eps_s - eps1)
+        return AutoPlan(*head, math.nan, "calibrated", 0.0, eps1, eps - eps1)
+    q = uniform_unbiased_variance(eps) * 12 / rows
+    if q >= UNBIASED_BELOW:
+        eps_s = (0.5 if rho(0.4 * eps) > 0.15 else 0.4) * eps
+        eps1 = 0.1 * eps
+        return AutoPlan(*head, q, "denoised", eps_s, eps1, eps - eps_s - eps1)
+    eps_s = float(np.clip(rho(1.0) / TARGET_RHO, STATS_SHARE[0] * eps, STATS_SHARE[1] * eps))
+    eps1 = HISTOGRAM_SHARE * eps
+    return AutoPlan(*head, q, "unbiased", eps_s, eps1, eps - eps_s - eps1)
+
+
+def _grouped_unbiased(prior, y, lo, hi, eps2, secret: Secret):
+    """Step 4, branch ``unbiased``: per centre group, residuals clipped to the group's range, one release each."""
+    m = prior.centres
+    c_lo, c_hi = residual_clip_range(prior.edges, prior.mass, hi - lo)
+    cuts = np.quantile(m, np.linspace(0, 1, GROUPS + 1)[1:-1])
+    group = np.searchsorted(cuts, m, side="right")
+    out = np.empty(y.size)
+    fields = []
+    floor = 0.05 * (hi - lo)
+    for g in np.unique(group):
+        rows = np.flatnonzero(group == g)
+        g_lo = max(c_lo, lo - float(m[rows].max()), -(hi - lo))
+        g_hi = min(c_hi, hi - float(m[rows].min()), hi - lo)
+        if g_hi - g_lo < floor:  # keep a usable range: widen around the middle
+            mid = 0.5 * (g_lo + g_hi)
+            g_lo, g_hi = mid - floor / 2, mid + floor / 2
+        fit = unbiased_residual_fit(prior.edges, prior.mass, hi - lo, eps2, residual_range=(g_lo, g_hi))
+        out[rows], _ = unbiased_residual_release(fit[0], fit[1], m[rows], y[rows], secret.child("release", int(g)))
+        fields.append({"group": int(g), "rows": int(rows.size), "residual_range": [g_lo, g_hi],
+                       "label_variance": float(np.asarray(fit[2]["label_mse"]).reshape(-1)[0]),
+                       **sidecar_fields(fit[0])})
+    return out, {"denoised": False, "groups": len(fields), "release": fields}
 
 
 def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int = 32):
@@ -114,23 +170,18 @@ def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int 
     if p.branch == "calibrated":
         out, record = calibrated_denoised(y, lo, hi, eps, secret=secret.child("auto-calibrated"),
                                           prior_fraction=CALIBRATED_PRIOR_FRACTION, bins=bins)
-        trace["release"] = "rpwithprior (calibrated prior, denoised)"
-        return out, {**record, "pipeline": "auto", "per_label_epsilon": eps, "auto": trace}
+        return out, {**record, "pipeline": "auto", "per_label_epsilon": eps, "denoised": True, "auto": trace}
     s = secret.child("auto-linear").for_epsilon(eps)
     prior = linear_residual_prior(design, bound, y, lo, hi, p.statistics_epsilon, p.residual_histogram_epsilon, s,
                                   residual_bins=RESIDUAL_BINS)
-    fit = unbiased_residual_fit(prior.edges, prior.mass, hi - lo, p.release_epsilon)
-    noise = float(fit[2]["label_mse"])
-    centres = 0.5 * (prior.edges[1:] + prior.edges[:-1])
-    r_mean = float(np.sum(prior.mass * centres))
-    variance = float(np.var(prior.centres) + np.sum(prior.mass * (centres - r_mean) ** 2)
-                     + np.sum(prior.mass * np.diff(prior.edges) ** 2) / 12)
-    q = noise / (y.size * max(variance, 1e-12 * (hi - lo) ** 2))
-    stage2 = "unbiased" if q < UNBIASED_BELOW else "rpwithprior"
-    out, fields = release_around(prior, y, lo, hi, p.release_epsilon, s, stage2, unbiased_fit=fit)
-    trace.update(unbiased_label_variance=noise, label_variance_estimate=variance, q=q, release=stage2)
+    if p.branch == "unbiased":
+        out, fields = _grouped_unbiased(prior, y, lo, hi, p.release_epsilon, s)
+        mechanism = "unbiased"
+    else:
+        out, fields = release_around(prior, y, lo, hi, p.release_epsilon, s, "rpwithprior", levels=LEVELS)
+        mechanism = "rpwithprior"
     record = {"pipeline": "auto", "epsilon": eps, "rows": int(y.size),
               "statistics_epsilon": p.statistics_epsilon, "residual_histogram_epsilon": p.residual_histogram_epsilon,
-              "mechanism": stage2, "mechanism_epsilon": p.release_epsilon, "components": prior.components,
+              "mechanism": mechanism, "mechanism_epsilon": p.release_epsilon, "components": prior.components,
               "l1_bound": prior.l1_bound, "per_label_epsilon": eps, **fields, "auto": trace}
     return out, record

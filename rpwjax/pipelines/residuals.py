@@ -100,13 +100,13 @@ def residual_clip_range(edges, mass, width, quantile: float = RESIDUAL_QUANTILE)
     return min(c_lo, -0.05 * width), max(c_hi, 0.05 * width)
 
 
-def unbiased_residual_fit(edges, mass, width, epsilon):
-    """The optimal unbiased randomizer for residuals clipped to :func:`residual_clip_range`, fitted on the residual
-    prior restricted to that range: ``(params, (c_lo, c_hi), info)`` (``info["label_mse"]`` is its exact
-    E[(Ỹ - R)²] under that prior)."""
+def unbiased_residual_fit(edges, mass, width, epsilon, residual_range=None):
+    """The optimal unbiased randomizer for residuals clipped to ``residual_range`` (default
+    :func:`residual_clip_range`), fitted on the residual prior restricted to that range:
+    ``(params, (c_lo, c_hi), info)`` (``info["label_mse"]`` is its exact E[(Ỹ - R)²] under that prior)."""
     from rpwjax.mechanisms import entry
 
-    c_lo, c_hi = residual_clip_range(edges, mass, width)
+    c_lo, c_hi = residual_range if residual_range is not None else residual_clip_range(edges, mass, width)
     clipped = np.clip(edges, c_lo, c_hi)
     inner = clipped[1:] > clipped[:-1]
     masses = mass * (clipped[1:] - clipped[:-1]) / np.diff(edges)
