@@ -417,13 +417,14 @@ def cmd_audit(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from rpwjax.experiments.reproduce import beyond_report, run_jobs, write_verdict
+    from rpwjax.experiments.reproduce import auto_report, beyond_report, run_jobs, write_verdict
 
     if not args.report_only:
         for name, seconds in run_jobs(args.out, args.only):
             print(f"{name}: {seconds:.0f} s")
     print(write_verdict(args.out))
     print(beyond_report(args.out))
+    print(auto_report(args.out))
     return 0
 
 
@@ -492,7 +493,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epsilon", type=float, required=True, help="total epsilon per label")
     _add_encoding_option(p)
     _add_secret_options(p, "pipeline (split, statistics, histograms and release)")
-    p.add_argument("--pipeline", choices=_pipeline_names(), default="linear-prior")
+    p.add_argument("--pipeline", choices=_pipeline_names(), default="auto",
+                   help="default auto: a written rule picks the release and its settings (rpwjax.pipelines.auto)")
     p.add_argument("--epochs", type=int, default=None,
                    help="epochs of the two-stage pipelines' stage models (default 50)")
     p.add_argument("--clip", action="store_true", help="clip labels outside --range instead of refusing them")

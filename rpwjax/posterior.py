@@ -74,7 +74,7 @@ from jax.scipy.special import logsumexp
 from rpwjax.mechanisms.additive import Gaussian, Laplace, Staircase
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.errors import InputError
-from rpwjax.priors import Prior, cut_pieces
+from rpwjax.priors import Prior, cut_pieces, tree_rows
 from rpwjax.mechanisms.rpwithprior import RPWithPrior
 
 _CHUNK = 1 << 14
@@ -466,7 +466,7 @@ _ROW_CHUNK = 2048  # rows per compiled call
 
 
 def _prior_rows(prior: Prior, start: int, stop: int) -> Prior:
-    return jax.tree_util.tree_map(lambda v: jnp.asarray(v)[start:stop], prior)
+    return tree_rows(prior, start, stop)
 
 
 @jax.jit
@@ -546,7 +546,7 @@ def posterior_mean_per_row(params, priors: Prior, y_tilde) -> np.ndarray:
             if params.batch_shape == ():
                 params = jax.tree_util.tree_map(lambda v: jnp.full((n,), v, jnp.float64), params)
             for i in range(0, n, _ROW_CHUNK):
-                p = jax.tree_util.tree_map(lambda v: jnp.asarray(v, jnp.float64)[i : i + _ROW_CHUNK], params)
+                p = tree_rows(params, i, i + _ROW_CHUNK, jnp.float64)
                 out.append(np.asarray(_rp_posterior_rows(p, _prior_rows(priors, i, i + _ROW_CHUNK), jnp.asarray(y[i : i + _ROW_CHUNK]))))
         elif params.discrete:
             if params.batch_shape != ():

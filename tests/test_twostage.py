@@ -369,7 +369,7 @@ def _table(tmp_path, rng, n=400):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pipeline", ["linear-prior", "two-stage"])
+@pytest.mark.parametrize("pipeline", ["auto", "linear-prior", "two-stage"])
 def test_privatize_table_replaces_only_the_label_column(pipeline, tmp_path, rng):
     import json
 

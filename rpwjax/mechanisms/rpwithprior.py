@@ -47,7 +47,7 @@ from jax import lax
 from rpwjax.mechanisms import interval_search
 from rpwjax.mechanisms.base import Mechanism, params_dataclass
 from rpwjax.errors import InputError, check_choice, check_epsilon, check_positive
-from rpwjax.priors import Prior
+from rpwjax.priors import Prior, tree_rows
 
 _ZETA_GRID = np.geomspace(1e-3, 0.5, 24)  # fractions of the range width
 _ZETA_REFINE = 12
@@ -518,7 +518,7 @@ _ROW_CHUNK = 2048  # rows per compiled call
 
 
 def _rows(prior: Prior, start: int, stop: int) -> Prior:
-    return jax.tree_util.tree_map(lambda v: jnp.asarray(v)[start:stop], prior)
+    return tree_rows(prior, start, stop)
 
 
 @jax.jit

@@ -12,7 +12,7 @@ m(x) into :data:`GROUPS` public quantile groups (a function of the released
 model and the public features) and each group gets the mechanism fitted to
 the residual prior shifted to the group's median centre, restricted to the
 range (with a 1e-6 share of the uniform density, so that no part of the
-range has zero mass). Each label is released once, by its group's
+range has zero mass; 1e-2 when the solver fails on the first). Each label is released once, by its group's
 parameters: ε_s + ε₁ + ε₂ = ε.
 """
 
@@ -32,6 +32,7 @@ from rpwjax.release_path import release, sidecar_fields
 GROUPS = 8
 MECHANISMS = ("rr-on-bins", "unbiased")
 UNIFORM_SHARE = 1e-6
+RETRY_SHARE = 1e-2  # when the mechanism's solver fails on a group's prior, it is refitted with this uniform share
 
 
 def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, mechanism: str, bins: int = 32):
@@ -65,10 +66,16 @@ def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, m
         left, right, mass = (np.asarray(v, np.float64)[0] for v in (shifted.left, shifted.right, shifted.mass))
         width = right - left
         uniform = np.where(width > 0, width / (hi - lo), 0.0)
-        mass = (1 - UNIFORM_SHARE) * mass + UNIFORM_SHARE * uniform / uniform.sum()
         keep = width > 0
-        g_prior = Prior(left[keep], right[keep], mass[keep] / mass[keep].sum(), lo, hi, False, "feature-aware")
-        params, _ = fit(g_prior, eps2)
+        for share in (UNIFORM_SHARE, RETRY_SHARE):
+            mixed = (1 - share) * mass + share * uniform / uniform.sum()
+            g_prior = Prior(left[keep], right[keep], mixed[keep] / mixed[keep].sum(), lo, hi, False, "feature-aware")
+            try:
+                params, _ = fit(g_prior, eps2)
+                break
+            except RuntimeError:  # the solver gave up on a very peaked prior at a tiny ε: flatten it a little
+                if share == RETRY_SHARE:
+                    raise
         out[rows] = release(params, s.child("release", int(g)), y[rows])
         fields.append({"group": int(g), "rows": int(rows.size), **sidecar_fields(params)})
     record = {"pipeline": f"{mechanism}+feature-prior", "epsilon": eps, "rows": int(y.size),

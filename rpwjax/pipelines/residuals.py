@@ -10,6 +10,7 @@ import numpy as np
 from rpwjax.errors import check_epsilon
 from rpwjax.keys import Secret
 from rpwjax.priors import Prior, histogram_prior, histogram_release, project_counts
+from rpwjax.release_path import release
 
 RESIDUAL_QUANTILE = 0.02  # the unbiased residual release clips residuals to these quantiles of the residual prior
 
@@ -119,8 +120,6 @@ def unbiased_residual_fit(edges, mass, width, epsilon, residual_range=None):
 def unbiased_residual_release(params, residual_range, centres, labels, secret: Secret):
     """``(centres + Ỹ, Ỹ)`` where Ỹ is the unbiased release of clip(y - centre, c_lo, c_hi): labels unbiased for
     ``centres + clip(y - centres)``, noise scaled to the residual range. One release per label."""
-    from rpwjax.release_path import release
-
     c_lo, c_hi = residual_range
     z = np.clip(np.asarray(labels, np.float64) - centres, c_lo, c_hi)
     noisy = release(params, secret, z)

@@ -32,7 +32,7 @@ def standardized(features) -> np.ndarray:
 
 
 def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi: float, epsilon: float,
-                    pipeline: str = "linear-prior", secret: Secret, clip: bool = False, encoding=None,
+                    pipeline: str = "auto", secret: Secret, clip: bool = False, encoding=None,
                     epochs: int | None = None) -> dict:
     """Privatize ``label_column`` of a CSV/Parquet table with a registry pipeline; returns the sidecar.
 

@@ -1,0 +1,219 @@
+"""The auto pipeline (rpwjax.pipelines.auto) and the fair comparison (rpwjax.pipelines.feature_prior)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from rpwjax import InputError
+from rpwjax.keys import Secret
+from rpwjax.mechanisms.rpwithprior import fit_rpwithprior_per_row
+from rpwjax.pipelines import auto, feature_prior, linear_prior, pipeline, residuals
+from rpwjax.pipelines.statistics import public_design
+
+LO, HI = 0.0, 5.0
+
+
+def _data(rng, n):
+    x = rng.normal(size=(n, 4))
+    y = np.clip(2.0 + 0.9 * x[:, 0] - 0.5 * x[:, 1] + 0.4 * np.sin(2 * x[:, 2]) + 0.3 * rng.normal(size=n), LO, HI)
+    return x, y
+
+
+def _spy(monkeypatch, module, name, pick):
+    seen, real = [], getattr(module, name)
+
+    def spy(*args, **kwargs):
+        seen.append(pick(args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+@pytest.fixture
+def histogram_epsilons(monkeypatch):
+    import rpwjax.noise
+
+    seen, real = [], rpwjax.noise.noisy_counts
+
+    def spy(counts, epsilon, secret, purpose, *index):
+        seen.append(float(epsilon))
+        return real(counts, epsilon, secret, purpose, *index)
+
+    monkeypatch.setattr(rpwjax.noise, "noisy_counts", spy)
+    return seen
+
+
+def test_plan_reads_public_numbers_only_and_spends_exactly_epsilon():
+    branches = []
+    for rows in (300, 2_000, 20_000, 1_000_000):
+        for eps in (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 4.0, 8.0):
+            p = auto.plan(eps, rows, 8, 7.0, 5.0)
+            branches.append(p.branch)
+            assert p.statistics_epsilon + p.residual_histogram_epsilon + p.release_epsilon == pytest.approx(eps, abs=1e-12)
+            assert p.release_epsilon >= 0.4 * eps - 1e-12
+            assert p.rho_at_half == pytest.approx(auto.relative_coefficient_noise(rows, 8, 7.0, eps / 2))
+            if p.branch == "calibrated":
+                assert p.rho_at_half > auto.AFFORD_RHO and p.statistics_epsilon == 0.0
+            elif p.branch == "unbiased":
+                # the statistics take at most 15% of ε: the release's noise falls steeply with its ε
+                assert p.unbiased_noise_ratio < auto.UNBIASED_BELOW
+                assert p.statistics_epsilon + p.residual_histogram_epsilon <= 0.15 * eps + 1e-12
+            else:
+                assert p.unbiased_noise_ratio >= auto.UNBIASED_BELOW
+        # more rows or more ε never moves the rule back from unbiased labels to denoised or calibrated ones
+        order = {"calibrated": 0, "denoised": 1, "unbiased": 2}
+        ranks = [order[b] for b in branches[-10:]]
+        assert ranks == sorted(ranks)
+    assert {"calibrated", "denoised", "unbiased"} <= set(branches)
+    # the noise ratio is the uniform-prior Unbiased variance, scaled by the range, over n W²/12
+    p = auto.plan(2.0, 20_000, 8, 7.0, 5.0)
+    assert p.unbiased_noise_ratio == pytest.approx(auto.uniform_unbiased_variance(2.0) * 12 / 20_000)
+
+
+@pytest.mark.parametrize("rows, eps, branch", [(400, 0.05, "calibrated"), (1500, 0.5, "denoised"),
+                                               (6000, 4.0, "unbiased")])
+def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng, monkeypatch, histogram_epsilons):
+    from rpwjax.pipelines import calibrated
+
+    statistic_epsilons = _spy(monkeypatch, linear_prior, "private_linear_fit", lambda a, k: float(a[4]))
+    mean_epsilons = _spy(monkeypatch, calibrated, "private_mean", lambda a, k: float(a[3]))
+    released = []
+    for module in (linear_prior, residuals, calibrated):
+        released += [_spy(monkeypatch, module, "release", lambda a, k: (np.asarray(a[0].epsilon), np.size(a[2])))]
+    x, y = _data(rng, rows)
+    labels, record = auto.auto_labels(x, y, LO, HI, eps, secret=Secret.from_seed(11))
+    plan = record["auto"]["plan"]
+    design, bound = public_design(x, auto.COMPONENTS)
+    assert plan == auto.plan(eps, rows, design.shape[1] - 1, bound, HI - LO).to_json()
+    assert plan["branch"] == branch and record["per_label_epsilon"] == eps and record["pipeline"] == "auto"
+    releases = [r for seen in released for r in seen]
+    # every label leaves once, through the release path, with the plan's ε₂
+    assert sum(size for _, size in releases) == rows
+    for e, _ in releases:
+        np.testing.assert_allclose(e, plan["release_epsilon"], rtol=0, atol=1e-15)
+    if branch == "calibrated":
+        # half of ε₁ on the histogram, half on the mean, the rest on the release
+        assert histogram_epsilons == pytest.approx([eps / 4]) and mean_epsilons == pytest.approx([eps / 4])
+        assert statistic_epsilons == []
+    else:
+        assert statistic_epsilons == pytest.approx([plan["statistics_epsilon"]], abs=1e-15)
+        assert histogram_epsilons == pytest.approx([plan["residual_histogram_epsilon"]], abs=1e-15)
+        assert mean_epsilons == []
+    total = (plan["statistics_epsilon"] + plan["residual_histogram_epsilon"] + plan["release_epsilon"])
+    assert total == pytest.approx(eps, abs=1e-12)
+    assert labels.shape == y.shape and np.all(np.isfinite(labels))
+    assert record["denoised"] == (branch != "unbiased")
+    if branch != "unbiased":
+        assert np.all((labels >= LO) & (labels <= HI))
+
+
+def test_auto_unbiased_branch_is_eps2_private_and_unbiased_for_the_clipped_residual(rng, monkeypatch):
+    calls, real = [], auto.unbiased_residual_release
+
+    def spy(params, residual_range, centres, labels, secret):
+        out = real(params, residual_range, centres, labels, secret)
+        calls.append((params, tuple(residual_range), np.asarray(centres), np.asarray(labels), out))
+        return out
+
+    monkeypatch.setattr(auto, "unbiased_residual_release", spy)
+    x, y = _data(rng, 20_000)
+    labels, record = auto.auto_labels(x, y, LO, HI, 4.0, secret=Secret.from_seed(12))
+    eps2 = record["auto"]["plan"]["release_epsilon"]
+    assert record["auto"]["plan"]["branch"] == "unbiased" and len(calls) == record["groups"] == auto.GROUPS
+    assert sum(c[2].size for c in calls) == y.size
+    grid = np.linspace(LO, HI, 201)
+    errors, variances = [], []
+    for params, (c_lo, c_hi), centres, ys, (out, noisy) in calls:
+        # each group's range lies where the residual of a label in the range can lie (or is the 5% minimum)
+        assert c_lo >= LO - centres.max() - 1e-12 or c_hi - c_lo <= 0.05 * (HI - LO) + 1e-12
+        assert c_hi <= HI - centres.min() + 1e-12 or c_hi - c_lo <= 0.05 * (HI - LO) + 1e-12
+        # exact privacy: for a fixed output, the density over every label of the range moves by at most ε₂
+        with jax.enable_x64(True):
+            for o in noisy[:3]:
+                z = np.clip(grid - centres[0], c_lo, c_hi)
+                logp = np.asarray(params.log_density(jnp.full(grid.shape, o), jnp.asarray(z)))
+                assert np.all(np.isfinite(logp)) and logp.max() - logp.min() <= eps2 + 1e-9
+            z = np.clip(ys - centres, c_lo, c_hi)
+            variances.append(np.asarray(params.mse(jnp.asarray(z))))
+        errors.append(out - (centres + z))
+    # released labels are unbiased for centre + clipped residual: the mean error within 4 standard errors
+    errors, variances = np.concatenate(errors), np.concatenate(variances)
+    assert abs(errors.mean()) < 4 * np.sqrt(variances.sum()) / errors.size
+
+
+def test_centre_levels_give_the_exact_intervals_of_the_rounded_centres(rng):
+    x, y = _data(rng, 3000)
+    design, bound = public_design(x, 8)
+    s = Secret.from_seed(3).for_epsilon(1.0)
+    prior = linear_prior.linear_residual_prior(design, bound, y, LO, HI, 0.4, 0.1, s)
+    captured = {}
+    real = linear_prior.release
+
+    def spy(params, secret, labels):
+        captured["params"] = params
+        return real(params, secret, labels)
+
+    linear_prior.release, old = spy, linear_prior.release
+    try:
+        linear_prior.release_around(prior, y, LO, HI, 0.5, s, "rpwithprior", levels=64)
+    finally:
+        linear_prior.release = old
+    step = (HI - LO) / 64
+    rounded = np.clip(LO + step * np.rint((prior.centres - LO) / step), LO, HI)
+    assert np.unique(rounded).size <= 65 < prior.centres.size
+    zeta = float(captured["params"].zeta[0])
+    direct = fit_rpwithprior_per_row(residuals.shifted_priors(prior.edges, prior.mass, rounded, LO, HI), zeta, 0.5)
+    np.testing.assert_array_equal(np.asarray(captured["params"].a1), np.asarray(direct.a1))
+    np.testing.assert_array_equal(np.asarray(captured["params"].a2), np.asarray(direct.a2))
+
+
+@pytest.mark.parametrize("mechanism", ["rr-on-bins", "unbiased"])
+def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(mechanism, rng, monkeypatch,
+                                                                                histogram_epsilons):
+    released, real = [], feature_prior.release
+
+    def spy(params, secret, labels):
+        out = real(params, secret, labels)
+        released.append((params, np.size(labels), out))
+        return out
+
+    monkeypatch.setattr(feature_prior, "release", spy)
+    x, y = _data(rng, 4000)
+    labels, record = pipeline(f"{mechanism}+feature-prior").run(x, y, LO, HI, 2.0, secret=Secret.from_seed(2))
+    design, bound = public_design(x, auto.COMPONENTS)
+    p = auto.plan(2.0, y.size, design.shape[1] - 1, bound, HI - LO)
+    assert record["statistics_epsilon"] == p.statistics_epsilon
+    assert histogram_epsilons == pytest.approx([p.residual_histogram_epsilon], abs=1e-15)
+    assert record["mechanism_epsilon"] == pytest.approx(p.release_epsilon, abs=1e-12)
+    assert sum(size for _, size, _ in released) == y.size and len(released) == record["groups"]
+    grid = np.linspace(LO, HI, 201)
+    for params, _, out in released:
+        assert float(np.asarray(params.epsilon).reshape(-1)[0]) == pytest.approx(p.release_epsilon, abs=1e-12)
+        with jax.enable_x64(True):
+            for o in out[:2]:
+                logp = np.asarray(params.log_density(jnp.full(grid.shape, o), jnp.asarray(grid)))
+                assert np.all(np.isfinite(logp)) and logp.max() - logp.min() <= p.release_epsilon + 1e-9
+    assert labels.shape == y.shape and np.all(np.isfinite(labels))
+    with pytest.raises(InputError, match="mechanism"):
+        feature_prior.feature_prior_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(2), mechanism="laplace")
+
+
+def test_curves_on_a_users_file_reports_auto_next_to_the_baselines(tmp_path, rng):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rpwjax import cli
+    from rpwjax.experiments.sweeps import read_rows
+
+    x, y = _data(rng, 1500)
+    path = tmp_path / "mine.parquet"
+    pq.write_table(pa.table({"f0": x[:, 0], "f1": x[:, 1], "f2": x[:, 2], "f3": x[:, 3], "target": y}), path)
+    rc = cli.main(["curves", "--data", str(path), "--label-column", "target", "--range", "0", "5",
+                   "--mechanisms", "unbiased", "laplace", "--variants", "auto", "--epsilon", "1", "--seeds", "1",
+                   "--epochs", "2", "--out", str(tmp_path / "out"), "--quiet"])
+    assert rc == 0
+    rows = read_rows(tmp_path / "out" / "results.csv")
+    assert {r["mechanism"] for r in rows} >= {"auto", "unbiased", "laplace"}
+    assert all(np.isfinite(r["test_mse"]) for r in rows)
