@@ -120,15 +120,18 @@ def test_privatize_table_family(bench_run):
     assert {c["size"] for c in rows} == set(plans.PLANS["tiny"].table_rows)
     for size in plans.PLANS["tiny"].table_rows:
         group = {c["name"]: c for c in rows if c["size"] == size}
-        assert set(group) == {"auto", "privatize/rpwithprior"}
+        assert set(group) == {"auto", "auto-eps0.05", "privatize/rpwithprior"}
         auto, base = group["auto"], group["privatize/rpwithprior"]
+        small = group["auto-eps0.05"]
+        assert small["meta"]["epsilon"] == 0.05 and small["baseline"] == "privatize/rpwithprior"
+        assert small["meta"]["branch"] == "denoised" and small["median_s"] > 0
         assert auto["baseline"] == "privatize/rpwithprior" and base["baseline"] is None
         assert auto["median_s"] > 0 and base["median_s"] > 0
         assert auto["ratio"] == pytest.approx(auto["median_s"] / base["median_s"], rel=1e-12)
         assert auto["meta"]["epsilon"] == base["meta"]["epsilon"] == plans.SEARCH_EPSILON
         assert auto["meta"]["range"] == base["meta"]["range"] == list(cases.TABLE_RANGE)
         assert base["meta"]["mechanism"] == "rpwithprior"
-        assert auto["meta"]["branch"] in ("linear", "calibrated") and auto["meta"]["release"]
+        assert auto["meta"]["branch"] in ("calibrated", "denoised", "unbiased") and auto["meta"]["release"]
         assert f"privatize-table rows={size}: auto" in summary(results)
 
 

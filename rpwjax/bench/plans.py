@@ -117,6 +117,12 @@ TARGETS = (
     dict(name="privatize_vs_pyarrow_copy", family="privatize", case="privatize/rpwithprior",
          size=10**7, metric="ratio", op="<=", threshold=3.0,
          description="privatize_file on a 1e7-row Parquet file / plain pyarrow read-and-write of it"),
+    dict(name="privatize_table_auto_1m", family="privatize-table", case="auto",
+         size=10**6, metric="median_s", op="<=", threshold=120.0,
+         description="privatize-table --pipeline auto, 1e6 rows x 8 features, ε = 1, end to end, seconds"),
+    dict(name="privatize_table_auto_1m_small_epsilon", family="privatize-table", case="auto-eps0.05",
+         size=10**6, metric="median_s", op="<=", threshold=120.0,
+         description="privatize-table --pipeline auto, 1e6 rows x 8 features, ε = 0.05 (denoised branch), seconds"),
 )
 
 
