@@ -80,3 +80,15 @@ def slow_unless(values, fast, ids=None):
         marks = () if v in fast else (pytest.mark.slow,)
         out.append(pytest.param(*args, marks=marks, id=None if ids is None else ids[i]))
     return out
+
+
+def spy(monkeypatch, module, name, pick):
+    """Replace ``module.name`` by a wrapper that records ``pick(args, kwargs)`` of every call; returns the list."""
+    seen, real = [], getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        seen.append(pick(args, kwargs))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return seen

@@ -10,6 +10,7 @@ from rpwjax.keys import Secret
 from rpwjax.mechanisms.rpwithprior import fit_rpwithprior_per_row
 from rpwjax.pipelines import auto, feature_prior, linear_prior, pipeline, residuals
 from rpwjax.pipelines.statistics import public_design
+from helpers import spy
 
 LO, HI = 0.0, 5.0
 
@@ -18,31 +19,6 @@ def _data(rng, n):
     x = rng.normal(size=(n, 4))
     y = np.clip(2.0 + 0.9 * x[:, 0] - 0.5 * x[:, 1] + 0.4 * np.sin(2 * x[:, 2]) + 0.3 * rng.normal(size=n), LO, HI)
     return x, y
-
-
-def _spy(monkeypatch, module, name, pick):
-    seen, real = [], getattr(module, name)
-
-    def spy(*args, **kwargs):
-        seen.append(pick(args, kwargs))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, spy)
-    return seen
-
-
-@pytest.fixture
-def histogram_epsilons(monkeypatch):
-    import rpwjax.noise
-
-    seen, real = [], rpwjax.noise.noisy_counts
-
-    def spy(counts, epsilon, secret, purpose, *index):
-        seen.append(float(epsilon))
-        return real(counts, epsilon, secret, purpose, *index)
-
-    monkeypatch.setattr(rpwjax.noise, "noisy_counts", spy)
-    return seen
 
 
 def test_plan_reads_public_numbers_only_and_spends_exactly_epsilon():
@@ -77,11 +53,11 @@ def test_plan_reads_public_numbers_only_and_spends_exactly_epsilon():
 def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng, monkeypatch, histogram_epsilons):
     from rpwjax.pipelines import calibrated
 
-    statistic_epsilons = _spy(monkeypatch, linear_prior, "private_linear_fit", lambda a, k: float(a[4]))
-    mean_epsilons = _spy(monkeypatch, calibrated, "private_mean", lambda a, k: float(a[3]))
+    statistic_epsilons = spy(monkeypatch, linear_prior, "private_linear_fit", lambda a, k: float(a[4]))
+    mean_epsilons = spy(monkeypatch, calibrated, "private_mean", lambda a, k: float(a[3]))
     released = []
     for module in (linear_prior, residuals, calibrated):
-        released += [_spy(monkeypatch, module, "release", lambda a, k: (np.asarray(a[0].epsilon), np.size(a[2])))]
+        released += [spy(monkeypatch, module, "release", lambda a, k: (np.asarray(a[0].epsilon), np.size(a[2])))]
     x, y = _data(rng, rows)
     labels, record = auto.auto_labels(x, y, LO, HI, eps, secret=Secret.from_seed(11))
     plan = record["auto"]["plan"]
@@ -112,12 +88,12 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
 def test_auto_unbiased_branch_is_eps2_private_and_unbiased_for_the_clipped_residual(rng, monkeypatch):
     calls, real = [], auto.unbiased_residual_release
 
-    def spy(params, residual_range, centres, labels, secret):
+    def recording(params, residual_range, centres, labels, secret):
         out = real(params, residual_range, centres, labels, secret)
         calls.append((params, tuple(residual_range), np.asarray(centres), np.asarray(labels), out))
         return out
 
-    monkeypatch.setattr(auto, "unbiased_residual_release", spy)
+    monkeypatch.setattr(auto, "unbiased_residual_release", recording)
     x, y = _data(rng, 20_000)
     labels, record = auto.auto_labels(x, y, LO, HI, 4.0, secret=Secret.from_seed(12))
     eps2 = record["auto"]["plan"]["release_epsilon"]
@@ -151,11 +127,11 @@ def test_centre_levels_give_the_exact_intervals_of_the_rounded_centres(rng):
     captured = {}
     real = linear_prior.release
 
-    def spy(params, secret, labels):
+    def recording(params, secret, labels):
         captured["params"] = params
         return real(params, secret, labels)
 
-    linear_prior.release, old = spy, linear_prior.release
+    linear_prior.release, old = recording, linear_prior.release
     try:
         linear_prior.release_around(prior, y, LO, HI, 0.5, s, "rpwithprior", levels=64)
     finally:
@@ -174,12 +150,12 @@ def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(
                                                                                 histogram_epsilons):
     released, real = [], feature_prior.release
 
-    def spy(params, secret, labels):
+    def recording(params, secret, labels):
         out = real(params, secret, labels)
         released.append((params, np.size(labels), out))
         return out
 
-    monkeypatch.setattr(feature_prior, "release", spy)
+    monkeypatch.setattr(feature_prior, "release", recording)
     x, y = _data(rng, 4000)
     labels, record = pipeline(f"{mechanism}+feature-prior").run(x, y, LO, HI, 2.0, secret=Secret.from_seed(2))
     design, bound = public_design(x, auto.COMPONENTS)

@@ -12,7 +12,7 @@ from rpwjax.posterior import posterior_mean, posterior_mean_per_row
 from rpwjax.priors import histogram_prior, histogram_release
 from rpwjax.mechanisms.rpwithprior import fit_rpwithprior, fit_rpwithprior_per_row
 from rpwjax.mechanisms.unbiased import fit_unbiased
-from helpers import slow_unless
+from helpers import slow_unless, spy
 
 LO, HI = 0.0, 5.0
 
@@ -25,34 +25,6 @@ def _residual_hist(rng):
 
 def _row(priors, i):
     return jax.tree_util.tree_map(lambda v: np.asarray(v)[i], priors)
-
-
-@pytest.fixture
-def histogram_epsilons(monkeypatch):
-    """The ε of every integer-noise histogram release, in order, as the noise sampler receives it
-    (:func:`rpwjax.noise.noisy_counts`, which every histogram release calls)."""
-    import rpwjax.noise
-
-    seen, real = [], rpwjax.noise.noisy_counts
-
-    def spy(counts, epsilon, secret, purpose, *index):
-        seen.append(float(epsilon))
-        return real(counts, epsilon, secret, purpose, *index)
-
-    monkeypatch.setattr(rpwjax.noise, "noisy_counts", spy)
-    return seen
-
-
-def _spy(monkeypatch, module, name, pick):
-    """Replace ``module.name`` by a wrapper that records ``pick(args, kwargs)`` of every call."""
-    seen, real = [], getattr(module, name)
-
-    def spy(*args, **kwargs):
-        seen.append(pick(args, kwargs))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(module, name, spy)
-    return seen
 
 
 def test_shifted_priors_are_the_residual_histogram_moved_and_cut_to_the_range(rng):
@@ -291,7 +263,7 @@ def test_two_stage_is_reproducible_and_rejects_bad_settings(rng):
 
 @pytest.mark.slow
 def test_calibrated_denoising_at_small_epsilon_recovers_the_mean(rng, histogram_epsilons, monkeypatch):
-    mean_epsilons = _spy(monkeypatch, calibrated, "private_mean", lambda args, kwargs: float(args[3]))
+    mean_epsilons = spy(monkeypatch, calibrated, "private_mean", lambda args, kwargs: float(args[3]))
     y = np.clip(rng.gamma(2.0, 0.6, 20_000), LO, HI)
     labels, record = calibrated.calibrated_denoised(y, LO, HI, 0.05, secret=Secret.from_seed(0))
     # the default prior_fraction 1/2: ε₁ = 0.025, half for the histogram, half for the mean; ε₂ = 0.025
@@ -337,8 +309,8 @@ def test_private_linear_fit_recovers_the_least_squares_fit_at_large_epsilon_and_
 
 @pytest.mark.slow
 def test_linear_prior_labels_accounting_and_per_row_privacy(rng, histogram_epsilons, monkeypatch):
-    statistic_epsilons = _spy(monkeypatch, linear_prior, "private_linear_fit", lambda args, kwargs: float(args[4]))
-    released_epsilons = _spy(monkeypatch, linear_prior, "release", lambda args, kwargs: np.asarray(args[0].epsilon))
+    statistic_epsilons = spy(monkeypatch, linear_prior, "private_linear_fit", lambda args, kwargs: float(args[4]))
+    released_epsilons = spy(monkeypatch, linear_prior, "release", lambda args, kwargs: np.asarray(args[0].epsilon))
     x, y = _data(rng, n=1500)
     labels, record = linear_prior.linear_prior_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(4))
     # the defaults: 0.4 of ε on the statistics, 0.1 on the residual histogram, the remaining 0.5 on RPWithPrior
