@@ -51,3 +51,39 @@ def test_every_job_is_a_valid_curves_command(tmp_path):
     known = [j for j in reproduce.JOBS if j.folder.startswith("known-prior/")]
     assert {j.folder for j in known} == {"known-prior/crime", "known-prior/california"}
     assert all(parser.parse_args(j.argv(tmp_path)).prior == "empirical" for j in known)
+
+
+def test_auto_table_applies_the_margin_and_tolerance_rules(tmp_path, monkeypatch):
+    cells = {
+        ("auto", "default", 1.0): [0.50, 0.52], ("unbiased", "default", 1.0): [0.60, 0.62],  # wins by > 1 std
+        ("laplace", "default", 1.0): [0.9, 0.9], ("unbiased+feature-prior", "default", 1.0): [0.55, 0.57],
+        ("auto", "default", 2.0): [0.50, 0.60], ("unbiased", "default", 2.0): [0.56, 0.58],  # lower, within a std
+        ("auto", "default", 4.0): [0.305, 0.305], ("unbiased", "default", 4.0): [0.30, 0.30],  # 1.7% worse: met
+        ("auto", "default", 8.0): [0.31, 0.31], ("rr-on-bins", "default", 8.0): [0.30, 0.30],  # 3.3% worse: not met
+        ("two-stage", "default", 8.0): [0.01, 0.01],  # not one of the six: ignored
+    }
+    write_rows(_rows("crime", "private", cells), tmp_path / "auto" / "crime" / "results.csv")
+    monkeypatch.setattr(reproduce, "auto_branches", lambda dataset, eps: dict.fromkeys(eps, "unbiased"))
+    table = {r["epsilon"]: r for r in reproduce.auto_table(tmp_path)}
+    assert [table[e]["met"] for e in (1.0, 2.0, 4.0, 8.0)] == [True, False, True, False]
+    assert table[1.0]["baseline"] == "unbiased" and np.isclose(table[1.0]["margin"], (0.61 - 0.51) / 0.61)
+    assert table[1.0]["fair"] == "unbiased+feature-prior" and np.isclose(table[1.0]["fair_margin"], (0.56 - 0.51) / 0.56)
+    assert table[8.0]["baseline"] == "rr-on-bins" and table[8.0]["fair"] is None
+    text = reproduce.auto_report(tmp_path)
+    assert "crime: target met in 2 of 4 cells (2 seeds)" in text
+    assert (tmp_path / "auto" / "target.md").read_text() == text + "\n"
+
+
+def test_the_committed_auto_sweep_covers_both_data_sets_every_epsilon_and_five_seeds():
+    from pathlib import Path
+
+    from rpwjax.experiments.sweeps import PAPER_EPSILONS, read_rows
+
+    root = Path(__file__).resolve().parents[1] / "plots" / "auto"
+    for dataset in ("california", "crime"):
+        rows = read_rows(root / dataset / "results.csv")
+        for name in ("auto", "laplace", "gaussian", "staircase", "rr-on-bins", "unbiased", "rpwithprior",
+                     *reproduce.FAIR):
+            for eps in PAPER_EPSILONS:
+                seeds = {r["seed"] for r in rows if r["mechanism"] == name and r["epsilon"] == eps}
+                assert len(seeds) >= 5, (dataset, name, eps)
