@@ -20,8 +20,8 @@ from rpwjax.experiments.datasets import load_dataset
 from rpwjax.mechanisms import MECHANISMS
 from rpwjax.pipelines import PIPELINES
 import rpwjax.audit.checks, rpwjax.bench.report, rpwjax.experiments.reproduce, rpwjax.cli
-sizes = {name: load_dataset(name).n for name in ("california", "crime")}
-print(json.dumps({"file": rpwjax.__file__, "sizes": sizes, "mechanisms": len(MECHANISMS), "pipelines": len(PIPELINES)}))
+sizes = {name: load_dataset(name).n for name in ("california", "crime", "randhie")}
+print(json.dumps({"file": rpwjax.__file__, "sizes": sizes, "mechanisms": sorted(MECHANISMS), "pipelines": sorted(PIPELINES)}))
 """
 
 
@@ -33,8 +33,12 @@ def test_installed_package_has_its_data_and_subpackages(tmp_path):
     import json
 
     info = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert info["sizes"] == {"california": 20640, "crime": 1994}
-    assert info["mechanisms"] == 6 and info["pipelines"] == 5
+    from rpwjax.mechanisms import MECHANISMS
+    from rpwjax.pipelines import PIPELINES
+
+    assert info["sizes"] == {"california": 20640, "crime": 1994, "randhie": 20190}
+    assert info["mechanisms"] == sorted(MECHANISMS) and len(MECHANISMS) == 6
+    assert info["pipelines"] == sorted(PIPELINES) and "auto" in PIPELINES
     installed = Path(info["file"]).resolve()
     # a non-editable install (CI) imports from site-packages; an editable one from this tree, via the installer's hook
     assert installed.name == "__init__.py" and installed.parent.name == "rpwjax"
