@@ -10,7 +10,8 @@ paper's configuration and debiased. The combined beyond-the-paper report
 beyond-the-paper rows together, writes the rows it drew beside each figure,
 and writes the target table. The standard output of each job goes to
 ``plots/logs/NAME.txt`` and its wall time to ``plots/logs/times.txt``
-(about 44 minutes on 2 CPU cores in all).
+(about 44 minutes on 2 CPU cores for the paper-setting and beyond jobs, and 50 more for the
+three auto jobs; :func:`auto_report` then writes ``auto/target.md``).
 """
 
 from __future__ import annotations
