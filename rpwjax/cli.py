@@ -309,7 +309,7 @@ def _sweep(split, config, out_dir, quiet) -> int:
 
 
 def cmd_curves(args) -> int:
-    from rpwjax.experiments.datasets import load_dataset, load_table, train_test_split
+    from rpwjax.experiments.datasets import load_dataset, load_table, train_test_split, validation_split
     from rpwjax.errors import InputError
     from rpwjax.experiments.sweeps import PAPER_EPSILONS, SweepConfig
 
@@ -335,7 +335,10 @@ def cmd_curves(args) -> int:
         variants=tuple(args.variants or ()),
         configs=tuple(dict.fromkeys(args.config)),
     )
-    return _sweep(train_test_split(dataset, seed=0), config, args.out, args.quiet)
+    split = train_test_split(dataset, seed=0)
+    if args.validation:
+        split = validation_split(split)
+    return _sweep(split, config, args.out, args.quiet)
 
 
 def _pipeline_names() -> list[str]:
@@ -525,6 +528,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "0.4 on crime, capped at (A2-A1)/2; objective inside; epsilon_1 0.017 / epsilon/3)")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None, metavar="NAME",
                    help="also run these beyond-the-paper pipelines: " + ", ".join(VARIANTS))
+    p.add_argument("--validation", action="store_true",
+                   help="score on a held-out quarter of the TRAINING rows instead of the test rows (for tuning a "
+                        "pipeline or a rule without reading a test row)")
     p.add_argument("--out", required=True, help="output directory (results.csv and plots)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_curves)

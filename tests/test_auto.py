@@ -193,3 +193,26 @@ def test_curves_on_a_users_file_reports_auto_next_to_the_baselines(tmp_path, rng
     rows = read_rows(tmp_path / "out" / "results.csv")
     assert {r["mechanism"] for r in rows} >= {"auto", "unbiased", "laplace"}
     assert all(np.isfinite(r["test_mse"]) for r in rows)
+    # --validation scores on held-out training rows: other numbers, same rows of the table
+    rc = cli.main(["curves", "--data", str(path), "--label-column", "target", "--range", "0", "5",
+                   "--mechanisms", "unbiased", "--variants", "auto", "--epsilon", "1", "--seeds", "1",
+                   "--epochs", "2", "--validation", "--out", str(tmp_path / "val"), "--quiet"])
+    assert rc == 0
+    val = {r["mechanism"]: r["test_mse"] for r in read_rows(tmp_path / "val" / "results.csv")}
+    test = {r["mechanism"]: r["test_mse"] for r in rows}
+    assert set(val) == {"auto", "unbiased", "non-private"} and val["auto"] != test["auto"]
+
+
+def test_validation_split_never_holds_a_test_row():
+    from rpwjax.experiments.datasets import load_dataset, train_test_split, validation_split
+
+    split = train_test_split(load_dataset("crime"), seed=0)
+    val = validation_split(split)
+    assert np.intersect1d(val.train_index, split.test_index).size == 0
+    assert np.intersect1d(val.test_index, split.test_index).size == 0
+    assert np.array_equal(np.sort(np.concatenate([val.train_index, val.test_index])), np.sort(split.train_index))
+    assert val.y_test.size == split.y_train.size // 4
+    lookup = dict(zip(split.train_index, split.y_train))
+    assert all(lookup[i] == y for i, y in zip(val.test_index, val.y_test))
+    with pytest.raises(InputError, match="fraction"):
+        validation_split(split, fraction=1.0)

@@ -456,3 +456,26 @@ def train_test_split(dataset: Dataset, seed: int = 0, *, test_fraction: float = 
         train_index,
         test_index,
     )
+
+
+VALIDATION_SEED = 777
+
+
+def validation_split(split: Split, *, fraction: float = 0.25, seed: int = VALIDATION_SEED) -> Split:
+    """The training rows of ``split`` split again: ``fraction`` of them become the held-out rows.
+
+    For tuning a pipeline or a rule without reading a test row (``rpwjax curves --validation``): the
+    returned split's "test" rows are training rows of ``split``, and ``split``'s test rows are not in it.
+    Features keep the standardization of ``split`` (train-row statistics, public).
+    """
+    if not 0 < fraction < 1:
+        raise InputError(f"fraction must be in (0, 1), got fraction={fraction!r}")
+    n = split.y_train.size
+    k = int(n * fraction)
+    if k == 0 or k == n:
+        raise InputError(f"cannot hold out {fraction!r} of {n} training rows")
+    order = np.random.default_rng(seed).permutation(n)
+    held, kept = np.sort(order[:k]), np.sort(order[k:])
+    return Split(split.name, split.x_train[kept], split.y_train[kept], split.x_train[held], split.y_train[held],
+                 split.lo, split.hi, split.feature_mean, split.feature_scale, split.train_index[kept],
+                 split.train_index[held])
