@@ -330,7 +330,7 @@ def test_privatize_table_errors_name_rows_and_warnings_are_one_line(shared, tmp_
     assert "label 1.5 in column 'y' lies outside the public range [0.0, 1.0], at data row 21 (line 22)" in err
     code, _, err = run(["privatize-table", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0", "1",
                         "--epsilon", "1", "--epochs", "3", "--key-file", shared / "key"], capsys)
-    assert code == 2 and err.count("\n") == 1 and "--epochs 3 does nothing for --pipeline linear-prior" in err
+    assert code == 2 and err.count("\n") == 1 and "--epochs 3 does nothing for --pipeline auto" in err
     dup = tmp_path / "dup.csv"
     dup.write_text("x,y,y\n1,0.5,0.5\n")
     code, _, err = run(["privatize-table", dup, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0", "1",
