@@ -465,10 +465,6 @@ def posterior_mean(params: Mechanism, prior: Prior, y_tilde) -> np.ndarray:
 _ROW_CHUNK = 2048  # rows per compiled call
 
 
-def _prior_rows(prior: Prior, start: int, stop: int) -> Prior:
-    return tree_rows(prior, start, stop)
-
-
 @jax.jit
 def _rp_posterior_rows(params, priors, y_tilde):
     return jax.vmap(_rpwithprior_posterior)(params, priors, y_tilde)
@@ -547,7 +543,7 @@ def posterior_mean_per_row(params, priors: Prior, y_tilde) -> np.ndarray:
                 params = jax.tree_util.tree_map(lambda v: jnp.full((n,), v, jnp.float64), params)
             for i in range(0, n, _ROW_CHUNK):
                 p = tree_rows(params, i, i + _ROW_CHUNK, jnp.float64)
-                out.append(np.asarray(_rp_posterior_rows(p, _prior_rows(priors, i, i + _ROW_CHUNK), jnp.asarray(y[i : i + _ROW_CHUNK]))))
+                out.append(np.asarray(_rp_posterior_rows(p, tree_rows(priors, i, i + _ROW_CHUNK), jnp.asarray(y[i : i + _ROW_CHUNK]))))
         elif params.discrete:
             if params.batch_shape != ():
                 raise InputError("a discrete mechanism needs one shared fit (unbatched parameters)")
@@ -559,12 +555,12 @@ def posterior_mean_per_row(params, priors: Prior, y_tilde) -> np.ndarray:
             if getattr(params, "pmf_linear_in_label", False):
                 for i in range(0, n, _LINEAR_ROW_CHUNK):
                     out.append(np.asarray(_linear_posterior_rows(
-                        params, _prior_rows(priors, i, i + _LINEAR_ROW_CHUNK),
+                        params, tree_rows(priors, i, i + _LINEAR_ROW_CHUNK),
                         jnp.asarray(snapped[i : i + _LINEAR_ROW_CHUNK]), jnp.asarray(cuts))))
                 return np.concatenate(out) if out else np.zeros(0)
             for i in range(0, n, _ROW_CHUNK):
                 out.append(np.asarray(_discrete_posterior_rows_jit(
-                    params, _prior_rows(priors, i, i + _ROW_CHUNK), jnp.asarray(snapped[i : i + _ROW_CHUNK]), jnp.asarray(cuts), mids)))
+                    params, tree_rows(priors, i, i + _ROW_CHUNK), jnp.asarray(snapped[i : i + _ROW_CHUNK]), jnp.asarray(cuts), mids)))
         else:
             raise InputError(f"per-row posterior denoising supports rpwithprior, rr-on-bins and unbiased, got {params.name}")
     return np.concatenate(out) if out else np.zeros(0)

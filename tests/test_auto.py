@@ -119,7 +119,7 @@ def test_auto_unbiased_branch_is_eps2_private_and_unbiased_for_the_clipped_resid
     assert abs(errors.mean()) < 4 * np.sqrt(variances.sum()) / errors.size
 
 
-def test_centre_levels_give_the_exact_intervals_of_the_rounded_centres(rng):
+def test_centre_levels_give_the_exact_intervals_of_the_rounded_centres(rng, monkeypatch):
     x, y = _data(rng, 3000)
     design, bound = public_design(x, 8)
     s = Secret.from_seed(3).for_epsilon(1.0)
@@ -131,11 +131,8 @@ def test_centre_levels_give_the_exact_intervals_of_the_rounded_centres(rng):
         captured["params"] = params
         return real(params, secret, labels)
 
-    linear_prior.release, old = recording, linear_prior.release
-    try:
-        linear_prior.release_around(prior, y, LO, HI, 0.5, s, "rpwithprior", levels=64)
-    finally:
-        linear_prior.release = old
+    monkeypatch.setattr(linear_prior, "release", recording)
+    linear_prior.release_around(prior, y, LO, HI, 0.5, s, "rpwithprior", levels=64)
     step = (HI - LO) / 64
     rounded = np.clip(LO + step * np.rint((prior.centres - LO) / step), LO, HI)
     assert np.unique(rounded).size <= 65 < prior.centres.size

@@ -517,10 +517,6 @@ def _objective_at(prior, params, prior_batched, objective):
 _ROW_CHUNK = 2048  # rows per compiled call
 
 
-def _rows(prior: Prior, start: int, stop: int) -> Prior:
-    return tree_rows(prior, start, stop)
-
-
 @jax.jit
 def _intervals(priors, zeta, epsilon):
     def one(p):
@@ -542,7 +538,7 @@ def fit_rpwithprior_per_row(priors: Prior, zeta: float, epsilon: float) -> RPWit
     a1, a2 = [], []
     with jax.enable_x64(True):
         for i in range(0, n, _ROW_CHUNK):
-            a, b = _intervals(_rows(priors, i, i + _ROW_CHUNK), jnp.float64(zeta), jnp.float64(epsilon))
+            a, b = _intervals(tree_rows(priors, i, i + _ROW_CHUNK), jnp.float64(zeta), jnp.float64(epsilon))
             a1.append(np.asarray(a))
             a2.append(np.asarray(b))
     a1 = np.concatenate(a1) if a1 else np.zeros(0)

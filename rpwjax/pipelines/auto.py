@@ -59,7 +59,8 @@ import numpy as np
 from rpwjax.errors import check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.pipelines.linear_prior import check_features, linear_residual_prior, release_around
-from rpwjax.pipelines.residuals import residual_clip_range, unbiased_residual_fit, unbiased_residual_release
+from rpwjax.pipelines.residuals import (CENTRE_GROUPS, centre_groups, residual_clip_range, unbiased_residual_fit,
+                                       unbiased_residual_release)
 from rpwjax.pipelines.statistics import public_design
 from rpwjax.release_path import sidecar_fields
 
@@ -68,7 +69,7 @@ UNBIASED_BELOW = 0.001  # step 2: unbiased labels when σ²/(n·W²/12) is below
 TARGET_RHO = 0.1  # step 3 (unbiased): ε_s brings the relative coefficient noise down to this
 STATS_SHARE = (0.05, 0.1)  # ... held within these shares of ε
 HISTOGRAM_SHARE = 0.05  # step 3 (unbiased): ε₁/ε
-GROUPS = 8  # step 4 (unbiased): centre groups, each with its own residual range
+GROUPS = CENTRE_GROUPS  # step 4 (unbiased): centre groups, each with its own residual range
 LEVELS = 1024  # step 4 (denoised): centres rounded to 1025 public levels across the range (one interval search each)
 COMPONENTS = 8
 RESIDUAL_BINS = 32
@@ -135,13 +136,10 @@ def _grouped_unbiased(prior, y, lo, hi, eps2, secret: Secret):
     """Step 4, branch ``unbiased``: per centre group, residuals clipped to the group's range, one release each."""
     m = prior.centres
     c_lo, c_hi = residual_clip_range(prior.edges, prior.mass, hi - lo)
-    cuts = np.quantile(m, np.linspace(0, 1, GROUPS + 1)[1:-1])
-    group = np.searchsorted(cuts, m, side="right")
     out = np.empty(y.size)
     fields = []
     floor = 0.05 * (hi - lo)
-    for g in np.unique(group):
-        rows = np.flatnonzero(group == g)
+    for g, rows in centre_groups(m, GROUPS):
         g_lo = max(c_lo, lo - float(m[rows].max()), -(hi - lo))
         g_hi = min(c_hi, hi - float(m[rows].min()), hi - lo)
         if g_hi - g_lo < floor:  # keep a usable range: widen around the middle

@@ -8,7 +8,7 @@ gives it to RR-on-Bins or Unbiased: the same plan and the same two releases
 split, :func:`rpwjax.pipelines.auto.plan`), then the mechanism fitted with
 ε₂ to the rows' priors. A mechanism fit per row is an LP (Unbiased) or a
 partition search (RR-on-Bins) per row, so rows are grouped by their centre
-m(x) into :data:`GROUPS` public quantile groups (a function of the released
+m(x) into auto's public quantile groups (:func:`~rpwjax.pipelines.residuals.centre_groups`) (a function of the released
 model and the public features) and each group gets the mechanism fitted to
 the residual prior shifted to the group's median centre, restricted to the
 range (with a 1e-6 share of the uniform density, so that no part of the
@@ -24,12 +24,11 @@ from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms import entry
 from rpwjax.pipelines.linear_prior import check_features, linear_residual_prior
-from rpwjax.pipelines.residuals import shifted_priors
+from rpwjax.pipelines.residuals import centre_groups, shifted_priors
 from rpwjax.pipelines.statistics import public_design
 from rpwjax.priors import Prior
 from rpwjax.release_path import release, sidecar_fields
 
-GROUPS = 8
 MECHANISMS = ("rr-on-bins", "unbiased")
 UNIFORM_SHARE = 1e-6
 RETRY_SHARE = 1e-2  # when the mechanism's solver fails on a group's prior, it is refitted with this uniform share
@@ -55,13 +54,10 @@ def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, m
     eps2 = eps - eps_s - eps1
     s = secret.child(f"feature-prior-{mechanism}").for_epsilon(eps)
     prior = linear_residual_prior(design, bound, y, lo, hi, eps_s, eps1, s, residual_bins=auto.RESIDUAL_BINS)
-    cuts = np.quantile(prior.centres, np.linspace(0, 1, GROUPS + 1)[1:-1])
-    group = np.searchsorted(cuts, prior.centres, side="right")
     out = np.empty(y.size)
     fields = []
     fit = entry(mechanism).fit
-    for g in np.unique(group):
-        rows = np.flatnonzero(group == g)
+    for g, rows in centre_groups(prior.centres, auto.GROUPS):
         shifted = shifted_priors(prior.edges, prior.mass, np.median(prior.centres[rows])[None], lo, hi)
         left, right, mass = (np.asarray(v, np.float64)[0] for v in (shifted.left, shifted.right, shifted.mass))
         width = right - left

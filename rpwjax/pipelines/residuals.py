@@ -92,6 +92,19 @@ def shifted_priors(edges, mass, centres, lo, hi, fallback: Prior | None = None) 
     return Prior(left, right, m, float(lo), float(hi), False, "feature-aware")
 
 
+CENTRE_GROUPS = 8  # public groups of rows by their centre (auto's unbiased release, the fair comparison)
+
+
+def centre_groups(centres, groups: int = CENTRE_GROUPS) -> list[tuple[int, np.ndarray]]:
+    """Rows grouped by their centre m(x) into ``groups`` quantile groups (a function of released values and
+    public features: post-processing): ``(group number, row indices)`` of the non-empty groups, lowest
+    centres first (tied centres can leave a group empty; the numbers keep their quantile's place)."""
+    m = np.asarray(centres, np.float64)
+    cuts = np.quantile(m, np.linspace(0, 1, int(groups) + 1)[1:-1])
+    group = np.searchsorted(cuts, m, side="right")
+    return [(int(g), np.flatnonzero(group == g)) for g in np.unique(group)]
+
+
 def residual_clip_range(edges, mass, width, quantile: float = RESIDUAL_QUANTILE):
     """The public-by-post-processing residual range [c_lo, c_hi] of the unbiased residual release: the
     ``quantile`` and 1 - ``quantile`` quantiles of the residual prior, widened to at least ±5% of the width."""
