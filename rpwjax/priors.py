@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rpwjax import pytree
 from rpwjax.errors import InputError, check_choice, check_epsilon, check_labels, check_range
 
 
@@ -40,7 +41,7 @@ def tree_rows(tree, start: int, stop: int, dtype=None):
 
 
 @partial(
-    jax.tree_util.register_dataclass,
+    pytree.register,
     data_fields=["left", "right", "mass"],
     meta_fields=["lo", "hi", "discrete", "kind"],
 )

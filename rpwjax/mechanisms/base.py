@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rpwjax import pytree
+
 
 def midpoint_uniform(key, shape, dtype):
     """Uniforms ``(k + 1/2)·2^-p`` on (0, 1), p = 52 (float64) or 23 (float32): never 0 or 1, symmetric."""
@@ -61,7 +63,7 @@ class Mechanism:
         parent_static = getattr(cls, "_static_fields", None)
         if parent_static is not None and dataclasses.is_dataclass(cls) and not cls.__dict__.get("__annotations__"):
             names = [f.name for f in dataclasses.fields(cls)]
-            jax.tree_util.register_dataclass(
+            pytree.register(
                 cls, data_fields=[n for n in names if n not in parent_static],
                 meta_fields=[n for n in names if n in parent_static],
             )
@@ -150,7 +152,7 @@ def params_dataclass(cls=None, *, static=()):
         c = dataclasses.dataclass(frozen=True)(c)
         c._static_fields = tuple(static)
         names = [f.name for f in dataclasses.fields(c)]
-        return jax.tree_util.register_dataclass(
+        return pytree.register(
             c, data_fields=[n for n in names if n not in static], meta_fields=[n for n in names if n in static]
         )
 
