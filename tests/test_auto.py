@@ -10,7 +10,7 @@ from rpwjax.keys import Secret
 from rpwjax.mechanisms.rpwithprior import fit_rpwithprior_per_row
 from rpwjax.pipelines import auto, feature_prior, linear_prior, pipeline, residuals
 from rpwjax.pipelines.statistics import public_design
-from helpers import spy
+from helpers import slow_unless, spy
 
 LO, HI = 0.0, 5.0
 
@@ -48,8 +48,8 @@ def test_plan_reads_public_numbers_only_and_spends_exactly_epsilon():
     assert p.unbiased_noise_ratio == pytest.approx(auto.uniform_unbiased_variance(2.0) * 12 / 20_000)
 
 
-@pytest.mark.parametrize("rows, eps, branch", [(400, 0.05, "calibrated"), (1500, 0.5, "denoised"),
-                                               (6000, 4.0, "unbiased")])
+@pytest.mark.parametrize("rows, eps, branch", slow_unless(
+    [(400, 0.05, "calibrated"), (1500, 0.5, "denoised"), (6000, 4.0, "unbiased")], fast=[(1500, 0.5, "denoised")]))
 def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng, monkeypatch, histogram_epsilons):
     from rpwjax.pipelines import calibrated
 
@@ -119,6 +119,7 @@ def test_auto_unbiased_branch_is_eps2_private_and_unbiased_for_the_clipped_resid
     assert abs(errors.mean()) < 4 * np.sqrt(variances.sum()) / errors.size
 
 
+@pytest.mark.slow
 def test_centre_levels_give_the_exact_intervals_of_the_rounded_centres(rng, monkeypatch):
     x, y = _data(rng, 3000)
     design, bound = public_design(x, 8)
@@ -142,7 +143,7 @@ def test_centre_levels_give_the_exact_intervals_of_the_rounded_centres(rng, monk
     np.testing.assert_array_equal(np.asarray(captured["params"].a2), np.asarray(direct.a2))
 
 
-@pytest.mark.parametrize("mechanism", ["rr-on-bins", "unbiased"])
+@pytest.mark.parametrize("mechanism", slow_unless(["rr-on-bins", "unbiased"], fast=["rr-on-bins"]))
 def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(mechanism, rng, monkeypatch,
                                                                                 histogram_epsilons):
     released, real = [], feature_prior.release
@@ -173,6 +174,7 @@ def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(
         feature_prior.feature_prior_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(2), mechanism="laplace")
 
 
+@pytest.mark.slow
 def test_curves_on_a_users_file_reports_auto_next_to_the_baselines(tmp_path, rng):
     import pyarrow as pa
     import pyarrow.parquet as pq

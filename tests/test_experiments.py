@@ -147,6 +147,7 @@ def test_variants_join_the_sweep_and_the_target_table_compares_them(crime_split)
         SweepConfig(variants=("magic",)).validate()
 
 
+@pytest.mark.slow
 def test_paper_config_and_debias_rows(crime_split):
     from rpwjax.experiments.sweeps import PAPER_CONFIG
     from rpwjax.posterior import debias
@@ -225,6 +226,7 @@ def test_settings_are_never_averaged_together_and_old_rows_read_as_the_default(t
     assert [(r["prior"], r["config"]) for r in back] == [(r["prior"], r["config"]) for r in rows]
 
 
+@pytest.mark.slow
 def test_curves_cli_known_prior_paper_config_and_debias(tmp_path, capsys):
     code = cli.main(["curves", "--dataset", "crime", "--mechanisms", "rpwithprior", "--config", "default", "paper",
                      "--denoise", "debias", "--prior", "empirical", "--epsilon", "1", "--seeds", "1", "--epochs", "1",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from rpwjax.api import mechanism_names
 from rpwjax.audit.checks import fit_example
@@ -31,6 +32,7 @@ def test_structures_of_different_classes_differ():
     assert type(back) is shifted and back.lo == laplace.lo and back.hi == laplace.hi
 
 
+@pytest.mark.slow  # the fast subset keeps the cause: structures of different classes differ
 def test_a_jitted_function_runs_each_subclass_own_code():
     # Many method-only subclasses through one jitted function: with structures that compare equal across
     # classes (the plain dataclass registration), about one in ten of these calls ran another class's

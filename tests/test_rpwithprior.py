@@ -456,6 +456,7 @@ def test_prior_epsilon_must_be_below_epsilon():
         rpwjax.fit("rpwithprior", [0.2], range=(0, 1), epsilon=[2.0, 0.5], prior="private", prior_epsilon=1.0)
 
 
+@pytest.mark.slow
 def test_clip_is_opt_in():
     res = rpwjax.fit("rpwithprior", [0.2, 1.7, -3.0], range=(0, 1), epsilon=1.0, clip=True)
     assert res.records()[0]["range"] == [0.0, 1.0]
@@ -551,6 +552,7 @@ def test_debiased_release_is_unbiased_inside_the_interval(rng):
         debias(rpwjax.fit("laplace", labels, range=(0, 1), epsilon=1.0).params, grid[0])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["empirical", "histogram"])
 def test_debiased_fit_beats_the_neighbourhood_fit_on_debiased_mse(kind, rng):
     labels = rng.beta(2, 5, 3000)
@@ -572,6 +574,7 @@ def test_debiased_fit_beats_the_neighbourhood_fit_on_debiased_mse(kind, rng):
     assert float(one.a1) == pytest.approx(float(debiased.a1[2]), abs=1e-12)
 
 
+@pytest.mark.slow
 def test_debiased_search_reaches_a_dense_brute_force_grid(rng):
     prior = histogram_prior(np.linspace(0, 1, 13), rng.random(12) + 0.05)
     ends = np.linspace(0, 1, 81)

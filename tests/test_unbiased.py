@@ -364,6 +364,7 @@ def test_release_means_are_the_labels_at_the_ends_and_off_the_support(whole_rang
             assert released.std() == pytest.approx(sd, rel=0.02), (name, y)
 
 
+@pytest.mark.slow
 def test_exact_privacy_over_labels_off_the_support(whole_range):
     rng = np.random.default_rng(8)
     for name, (prior, params) in whole_range.items():
@@ -389,6 +390,7 @@ def test_realized_check_passes_with_mixed_rows(whole_range):
         assert abs(result["info"]["release_mse_change"]) < 1e-6, name
 
 
+@pytest.mark.slow
 def test_saved_params_round_trip_and_verify_at_the_stated_epsilon(tmp_path):
     labels = np.round(np.random.default_rng(5).beta(2.0, 5.0, 2000), 2)
     fit = rpwjax.fit("unbiased", labels, range=(0.0, 1.0), epsilon=1.0, prior="private", seed=3)

@@ -280,6 +280,7 @@ def test_each_field_inconsistency_is_refused_naming_the_field(saved, name, chang
     assert report["pass"] is False and report["problems"]
 
 
+@pytest.mark.slow
 def test_prior_edges_off_the_range_are_refused(saved):
     rec = record(saved, "rpwithprior")
     rec["prior"]["edges"] = (np.asarray(rec["prior"]["edges"]) * 2).tolist()
