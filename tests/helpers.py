@@ -1,5 +1,6 @@
-"""Helpers shared by the tests: the command-line runner, and fast/slow parameter lists."""
+"""Helpers shared by the tests: the command-line runner, fixed key files, and fast/slow parameter lists."""
 
+import numpy as np
 import pytest
 
 from rpwjax import cli
@@ -10,6 +11,18 @@ def run(argv, capsys):
     code = cli.main([str(a) for a in argv])
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def fixed_key(path, seed=0):
+    """Write a key file with a fixed 256-bit secret drawn from ``seed`` and return its path.
+
+    Tests read outputs statistically, so every run must see the same noise: a
+    key from ``rpwjax keygen`` (OS entropy) would make them pass or fail by
+    chance. The keygen command itself is tested in tests/test_keys.py.
+    """
+    path.write_text(bytes(np.random.default_rng(seed).integers(0, 256, 32, dtype=np.uint8)).hex() + "\n")
+    path.chmod(0o600)
+    return path
 
 
 def csv_rows(data: bytes, delimiter=b","):

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rpwjax import cli
-from helpers import run, slow_unless
+from helpers import fixed_key, run, slow_unless
 
 
 def listing(directory):
@@ -34,7 +34,7 @@ def listing(directory):
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     d = tmp_path_factory.mktemp("shared")
-    assert cli.main(["keygen", "-o", str(d / "key")]) == 0
+    fixed_key(d / "key")
     np.savetxt(d / "train.txt", np.linspace(0, 1, 101))
     assert cli.main(["fit", "--labels", str(d / "train.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
                      "--epsilon", "1", "--key-file", str(d / "key"), "--save", str(d / "p.json")]) == 0

@@ -14,7 +14,7 @@ import pytest
 
 from rpwjax import api, cli
 from rpwjax.audit.checks import clopper_pearson
-from helpers import slow_unless
+from helpers import fixed_key, slow_unless
 
 N = 200_000
 EPSILON = 1.0
@@ -54,7 +54,7 @@ def two_ends(tmp_path_factory):
     pq.write_table(pa.table({"row": np.arange(2 * N), "y": labels}), d / "ends.parquet")
     train = np.random.default_rng(1).beta(2, 5, 3000)
     np.savetxt(d / "train.txt", train)
-    assert cli.main(["keygen", "-o", str(d / "key")]) == 0
+    fixed_key(d / "key")
     return d
 
 

@@ -26,7 +26,7 @@ from rpwjax import cli
 from rpwjax.errors import InputError
 from rpwjax.keys import KEY_FILE_HEX, SECRET_BYTES, Secret
 from rpwjax.release_path import BLOCK_ROWS
-from helpers import run, slow_unless
+from helpers import fixed_key, run, slow_unless
 
 ROWS = BLOCK_ROWS + 4_464  # the rows cross a block boundary
 HEX = "0123456789abcdef"
@@ -70,8 +70,7 @@ def data(tmp_path_factory):
     pacsv.write_csv(table.slice(0, 2_000), d / "small.csv")
     np.savetxt(d / "train.txt", rng.beta(2, 5, 3_000))
     # a fixed key (the keygen command has its own tests): every run of this module sees the same fits and outputs
-    (d / "key").write_text(bytes(np.random.default_rng(4).integers(0, 256, 32, dtype=np.uint8)).hex() + "\n")
-    (d / "key").chmod(0o600)
+    fixed_key(d / "key", 4)
     for mechanism in ("rpwithprior", "laplace", "rr-on-bins"):
         assert cli.main(["fit", "--labels", str(d / "train.txt"), "--range", "0", "1", "--mechanism", mechanism,
                          "--epsilon", "1", "--key-file", str(d / "key"), "--save", str(d / f"{mechanism}.json")]) == 0

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rpwjax import cli, io
-from helpers import csv_rows, run, without_field
+from helpers import csv_rows, fixed_key, run, without_field
 
 ROWS = 50_000_000
 GROUP = 1_000_000
@@ -31,7 +31,7 @@ def test_fifty_million_row_parquet_streams_under_one_gigabyte(tmp_path):
     params = tmp_path / "p.json"
     key = tmp_path / "key"
     np.savetxt(tmp_path / "train.txt", np.linspace(0, 1, 101))
-    subprocess.run([sys.executable, "-m", "rpwjax.cli", "keygen", "-o", str(key)], check=True, capture_output=True)
+    fixed_key(key)
     subprocess.run([sys.executable, "-m", "rpwjax.cli", "fit", "--labels", str(tmp_path / "train.txt"), "--range", "0",
                     "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--zeta", "0.05", "--key-file", str(key),
                     "--save", str(params)],
@@ -115,7 +115,7 @@ def test_five_million_row_csv_streams_under_one_gigabyte_and_keeps_every_field(t
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory):
     d = tmp_path_factory.mktemp("fitted")
-    assert cli.main(["keygen", "-o", str(d / "key")]) == 0
+    fixed_key(d / "key")
     np.savetxt(d / "train.txt", np.linspace(0, 1, 101))
     assert cli.main(["fit", "--labels", str(d / "train.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
                      "--epsilon", "1", "--key-file", str(d / "key"), "--save", str(d / "p.json")]) == 0

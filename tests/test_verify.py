@@ -18,7 +18,7 @@ from rpwjax import api
 from rpwjax import cli
 from rpwjax.audit import verify
 from rpwjax.errors import InputError
-from helpers import run, slow_unless
+from helpers import fixed_key, run, slow_unless
 
 MECHANISMS = list(api.MECHANISMS)
 
@@ -28,7 +28,7 @@ def saved(tmp_path_factory):
     """A directory with a key file, training labels and a small table; the saved fits are made on first use
     (:func:`saved_fit`: each from the key file or a seed, so the order of use does not change them)."""
     d = tmp_path_factory.mktemp("verify")
-    assert cli.main(["keygen", "-o", str(d / "key")]) == 0
+    fixed_key(d / "key")
     rng = np.random.default_rng(5)
     np.savetxt(d / "train.txt", rng.beta(2, 5, 3000))
     pacsv.write_csv(pa.table({"id": np.arange(500), "y": rng.beta(2, 5, 500)}), d / "small.csv")
