@@ -285,7 +285,7 @@ def test_privatize_with_posterior_denoising(files, tmp_path, capsys):
     np.testing.assert_allclose(c, posterior_mean(mechanism, prior, r), rtol=0, atol=1e-12)
     # and it lowers the error. The prior is a private histogram, so this is not guaranteed at every budget: at
     # epsilon = 1 (0.1 on the histogram) the fit can pick a near-constant release whose posterior barely moves
-    # and the noisy prior's mean then decides; at epsilon = 4 the gain is about 20% for any key
+    # and the noisy prior's mean then decides; at epsilon = 4 it was 19% to 23% for each of ten random keys tried
     assert np.mean((c - true) ** 2) < 0.9 * np.mean((r - true) ** 2)
     side = json.loads((tmp_path / "clean.parquet.json").read_text())
     assert side["postprocessing"] == "posterior-mean"
