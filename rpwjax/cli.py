@@ -309,7 +309,8 @@ def _sweep(split, config, out_dir, quiet) -> int:
 
 
 def cmd_curves(args) -> int:
-    from rpwjax.experiments.datasets import load_dataset, load_table, train_test_split, validation_split
+    from rpwjax.experiments.datasets import (VALIDATION_SEED, load_dataset, load_table, train_test_split,
+                                             validation_split)
     from rpwjax.errors import InputError
     from rpwjax.experiments.sweeps import PAPER_EPSILONS, SweepConfig
 
@@ -335,9 +336,14 @@ def cmd_curves(args) -> int:
         variants=tuple(args.variants or ()),
         configs=tuple(dict.fromkeys(args.config)),
     )
+    if args.validation_seed is not None and not args.validation:
+        raise InputError("--validation-seed does nothing without --validation")
     split = train_test_split(dataset, seed=0)
     if args.validation:
-        split = validation_split(split)
+        seed = VALIDATION_SEED if args.validation_seed is None else args.validation_seed
+        if not 0 <= seed < 2**63:
+            raise InputError(f"--validation-seed must be an integer in [0, 2**63), got {seed}")
+        split = validation_split(split, seed=seed)
     return _sweep(split, config, args.out, args.quiet)
 
 
@@ -531,6 +537,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--validation", action="store_true",
                    help="score on a held-out quarter of the TRAINING rows instead of the test rows (for tuning a "
                         "pipeline or a rule without reading a test row)")
+    p.add_argument("--validation-seed", type=int, default=None, metavar="N",
+                   help="with --validation: which quarter is held out (the seed of the re-split; default 777). "
+                        "Several seeds give several validation folds")
     p.add_argument("--out", required=True, help="output directory (results.csv and plots)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_curves)
@@ -568,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object per (mechanism, epsilon), one per line")
     p.set_defaults(func=cmd_audit)
 
-    p = sub.add_parser("reproduce", help="regenerate every committed sweep into plots/ (about 44 minutes on 2 cores)")
+    p = sub.add_parser("reproduce", help="regenerate every committed sweep into plots/ (about 2 hours on 2 cores)")
     p.add_argument("--out", default="plots", help="the folder of figures and their tidy CSVs (default plots)")
     p.add_argument("--only", nargs="+", default=None, metavar="JOB",
                    help="run only these jobs (names as in plots/logs/times.txt); the report is redrawn either way")

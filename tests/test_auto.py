@@ -1,5 +1,7 @@
 """The auto pipeline (rpwjax.pipelines.auto) and the fair comparison (rpwjax.pipelines.feature_prior)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -46,6 +48,43 @@ def test_plan_reads_public_numbers_only_and_spends_exactly_epsilon():
     # the noise ratio is the uniform-prior Unbiased variance, scaled by the range, over n W²/12
     p = auto.plan(2.0, 20_000, 8, 7.0, 5.0)
     assert p.unbiased_noise_ratio == pytest.approx(auto.uniform_unbiased_variance(2.0) * 12 / 20_000)
+
+
+def test_a_forced_branch_fixes_step_2_only():
+    """``branch`` (the registry's auto-denoised / auto-unbiased, for validating the rule) fixes the outcome of
+    step 2; the budget split is then the one the rule gives that branch, and step 1 is untouched."""
+    free_denoised = auto.plan(0.5, 20_000, 8, 7.0, 5.0)
+    free_unbiased = auto.plan(4.0, 20_000, 8, 7.0, 5.0)
+    assert (free_denoised.branch, free_unbiased.branch) == ("denoised", "unbiased")
+    assert free_denoised.forced_branch is None and free_unbiased.to_json()["forced_branch"] is None
+    for free, other in ((free_denoised, "unbiased"), (free_unbiased, "denoised")):
+        forced = auto.plan(free.epsilon, 20_000, 8, 7.0, 5.0, branch=other)
+        same_branch = free_unbiased if other == "unbiased" else free_denoised
+        assert forced.branch == other and forced.forced_branch == other
+        assert forced.unbiased_noise_ratio == free.unbiased_noise_ratio  # the rule's quantity is still reported
+        eps = free.epsilon
+        assert forced.statistics_epsilon + forced.residual_histogram_epsilon + forced.release_epsilon == \
+            pytest.approx(eps, abs=1e-12)
+        # the split is that branch's own (as shares of ε; the unbiased share depends on ρ, clipped to 5-10%)
+        share = forced.residual_histogram_epsilon / eps
+        assert share == pytest.approx(same_branch.residual_histogram_epsilon / same_branch.epsilon)
+        # forcing the branch the rule picks anyway changes nothing but the record
+        again = auto.plan(eps, 20_000, 8, 7.0, 5.0, branch=free.branch)
+        assert dataclasses.replace(again, forced_branch=None) == free
+    # step 1 still sends features that cannot be afforded to the calibrated branch
+    assert auto.plan(0.05, 300, 8, 7.0, 5.0, branch="unbiased").branch == "calibrated"
+    with pytest.raises(InputError, match="branch must be one of denoised, unbiased, got branch='calibrated'"):
+        auto.plan(1.0, 20_000, 8, 7.0, 5.0, branch="calibrated")
+    # the registry rows run auto_labels with the branch fixed, and say so in the record
+    for name, branch in (("auto-denoised", "denoised"), ("auto-unbiased", "unbiased")):
+        row = pipeline(name)
+        assert row.kind == "auto" and dict(row.settings) == {"branch": branch}
+    x, y = _data(np.random.default_rng(5), 1500)
+    design, bound = public_design(x, auto.COMPONENTS)
+    assert auto.plan(0.5, 1500, design.shape[1] - 1, bound, HI - LO).branch == "denoised"  # what the rule picks
+    labels, record = pipeline("auto-unbiased").run(x, y, LO, HI, 0.5, secret=Secret.from_seed(3))
+    assert record["auto"]["plan"]["branch"] == "unbiased" and record["auto"]["plan"]["forced_branch"] == "unbiased"
+    assert record["mechanism"] == "unbiased" and labels.shape == y.shape
 
 
 @pytest.mark.parametrize("rows, eps, branch", slow_unless(
@@ -175,7 +214,7 @@ def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(
 
 
 @pytest.mark.slow
-def test_curves_on_a_users_file_reports_auto_next_to_the_baselines(tmp_path, rng):
+def test_curves_on_a_users_file_reports_auto_next_to_the_baselines(tmp_path, rng, capsys):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -200,6 +239,20 @@ def test_curves_on_a_users_file_reports_auto_next_to_the_baselines(tmp_path, rng
     val = {r["mechanism"]: r["test_mse"] for r in read_rows(tmp_path / "val" / "results.csv")}
     test = {r["mechanism"]: r["test_mse"] for r in rows}
     assert set(val) == {"auto", "unbiased", "non-private"} and val["auto"] != test["auto"]
+    # --validation-seed picks another held-out quarter (another fold); without --validation it is refused
+    rc = cli.main(["curves", "--data", str(path), "--label-column", "target", "--range", "0", "5",
+                   "--mechanisms", "unbiased", "--variants", "auto-unbiased", "--epsilon", "1", "--seeds", "1",
+                   "--epochs", "2", "--validation", "--validation-seed", "11", "--out", str(tmp_path / "val11"),
+                   "--quiet"])
+    assert rc == 0
+    other = {r["mechanism"]: r["test_mse"] for r in read_rows(tmp_path / "val11" / "results.csv")}
+    assert set(other) == {"auto-unbiased", "unbiased", "non-private"} and other["unbiased"] != val["unbiased"]
+    for extra, why in ((["--validation-seed", "3"], "does nothing without --validation"),
+                       (["--validation", "--validation-seed", "-1"], "must be an integer in [0, 2**63), got -1")):
+        rc = cli.main(["curves", "--data", str(path), "--label-column", "target", "--range", "0", "5",
+                       "--mechanisms", "unbiased", "--epsilon", "1", "--out", str(tmp_path / "refused"), *extra])
+        assert rc == 2 and why in capsys.readouterr().err
+        assert not (tmp_path / "refused").exists()
 
 
 def test_validation_split_never_holds_a_test_row():
@@ -211,6 +264,10 @@ def test_validation_split_never_holds_a_test_row():
     assert np.intersect1d(val.test_index, split.test_index).size == 0
     assert np.array_equal(np.sort(np.concatenate([val.train_index, val.test_index])), np.sort(split.train_index))
     assert val.y_test.size == split.y_train.size // 4
+    # another seed holds out another quarter of the same training rows
+    other = validation_split(split, seed=11)
+    assert np.array_equal(np.sort(np.concatenate([other.train_index, other.test_index])), np.sort(split.train_index))
+    assert not np.array_equal(np.sort(other.test_index), np.sort(val.test_index))
     lookup = dict(zip(split.train_index, split.y_train))
     assert all(lookup[i] == y for i, y in zip(val.test_index, val.y_test))
     with pytest.raises(InputError, match="fraction"):

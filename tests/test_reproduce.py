@@ -1,8 +1,9 @@
 """The committed-sweep jobs and the verdict on the paper's claim."""
 
 import numpy as np
+import pytest
 
-from rpwjax import cli
+from rpwjax import InputError, cli
 from rpwjax.experiments import reproduce
 from rpwjax.experiments.sweeps import COLUMNS, write_rows
 
@@ -87,3 +88,61 @@ def test_the_committed_auto_sweep_covers_both_data_sets_every_epsilon_and_five_s
             for eps in PAPER_EPSILONS:
                 seeds = {r["seed"] for r in rows if r["mechanism"] == name and r["epsilon"] == eps}
                 assert len(seeds) >= 5, (dataset, name, eps)
+
+
+def test_validation_table_averages_folds_and_counts_unbiased_wins(tmp_path, monkeypatch):
+    monkeypatch.setattr(reproduce, "VALIDATION_EPSILONS", {"crime": ("1", "4")})
+    folds = {777: {1.0: (0.02, 0.03), 4.0: (0.022, 0.020)}, 11: {1.0: (0.03, 0.02), 4.0: (0.024, 0.021)}}
+    for seed, cells in folds.items():
+        rows = {}
+        for eps, (den, unb) in cells.items():
+            rows[("auto-denoised", "default", eps)] = [den, den]
+            rows[("auto-unbiased", "default", eps)] = [unb - 0.001, unb + 0.001]
+        write_rows(_rows("crime", "private", rows), tmp_path / "auto" / "validation" / "crime" / f"seed-{seed}" /
+                   "results.csv")
+    table = {t["epsilon"]: t for t in reproduce.validation_table(tmp_path)}
+    assert set(table) == {1.0, 4.0} and table[1.0]["folds"] == 2
+    assert np.isclose(table[1.0]["denoised_mse"], 0.025) and np.isclose(table[4.0]["unbiased_mse"], 0.0205)
+    assert table[1.0]["unbiased_wins"] == 1 and table[4.0]["unbiased_wins"] == 2
+    # Q and the rule's branch are the plan's on the fold's training rows (public numbers)
+    from rpwjax.pipelines import auto
+
+    for t in table.values():
+        assert t["rule"] == ("unbiased" if t["q"] < auto.UNBIASED_BELOW else "denoised")
+        assert np.isclose(t["q"], auto.uniform_unbiased_variance(t["epsilon"]) * 12 / t["rows"])
+    text = reproduce.auto_report(tmp_path)
+    assert (tmp_path / "auto" / "validation.md").read_text() == text + "\n"
+    assert "| crime | 4 | " in text and "2 of 2 folds" in text
+
+
+def test_the_committed_validation_folds_are_complete_and_their_table_current():
+    from pathlib import Path
+
+    from rpwjax.experiments.sweeps import read_rows
+
+    root = Path(__file__).resolve().parents[1] / "plots"
+    for dataset, epsilons in reproduce.VALIDATION_EPSILONS.items():
+        for seed in reproduce.VALIDATION_SEEDS:
+            rows = read_rows(root / "auto" / "validation" / dataset / f"seed-{seed}" / "results.csv")
+            for name in ("auto-denoised", "auto-unbiased", "unbiased"):
+                for eps in map(float, epsilons):
+                    assert len({r["seed"] for r in rows if r["mechanism"] == name and r["epsilon"] == eps}) == 3
+    text = reproduce.format_validation_table(reproduce.validation_table(root))
+    assert (root / "auto" / "validation.md").read_text() == text + "\n"
+
+
+@pytest.mark.slow
+def test_run_jobs_runs_each_job_in_its_own_process_and_logs_it(tmp_path, monkeypatch):
+    tiny = reproduce.Job("tiny", "tiny", ("--dataset", "crime", "--mechanisms", "laplace", "--epsilon", "1",
+                                         "--seeds", "1", "--epochs", "1"))
+    bad = reproduce.Job("bad", "bad", ("--dataset", "crime", "--epsilon", "-1"))
+    monkeypatch.setattr(reproduce, "JOBS", (tiny, bad))
+    [(name, seconds)] = reproduce.run_jobs(tmp_path, ["tiny"])
+    assert name == "tiny" and seconds > 0
+    assert (tmp_path / "tiny" / "results.csv").exists() and "laplace" in (tmp_path / "logs" / "tiny.txt").read_text()
+    assert (tmp_path / "logs" / "times.txt").read_text().startswith("tiny: ")
+    with pytest.raises(RuntimeError, match="job bad failed with exit code 2"):
+        reproduce.run_jobs(tmp_path, ["bad"])
+    assert "epsilon" in (tmp_path / "logs" / "bad.txt").read_text()  # the one-line error reached the log
+    with pytest.raises(InputError, match="job must be one of tiny, bad, got 'nope'"):
+        reproduce.run_jobs(tmp_path, ["nope"])

@@ -8,15 +8,15 @@ beside the figure drawn from it. The paper's two settings: ``plots/DATASET/``
 paper's configuration and debiased. The combined beyond-the-paper report
 (:func:`beyond_report`) then draws the paper-setting rows and the
 beyond-the-paper rows together, writes the rows it drew beside each figure,
-and writes the target table. The standard output of each job goes to
+and writes the target table. Each job runs in its own process; its output goes to
 ``plots/logs/NAME.txt`` and its wall time to ``plots/logs/times.txt``
-(about 44 minutes on 2 CPU cores for the paper-setting and beyond jobs, and 50 more for the
-three auto jobs; :func:`auto_report` then writes ``auto/target.md``).
+(about 44 minutes on 2 CPU cores for the paper-setting and beyond jobs, 50 more for the
+three auto jobs and 24 more for the ten validation folds of auto's step 2; :func:`auto_report` then writes
+``auto/target.md`` and ``auto/validation.md``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -29,6 +29,9 @@ DATASETS = ("crime", "california")
 MAX_BEYOND_EPSILON = 2.0
 AUTO_VARIANTS = ("auto", "rr-on-bins+feature-prior", "unbiased+feature-prior")
 AUTO_DATASETS = ("crime", "california", "randhie")
+# step 2 of auto's rule checked on validation folds only (held-out quarters of the training rows; no test row)
+VALIDATION_SEEDS = (777, 11, 22, 33, 44)
+VALIDATION_EPSILONS = {"crime": ("0.8", "1.5", "2", "4"), "california": ("0.5", "0.8", "1", "1.5")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +63,11 @@ def _jobs() -> list[Job]:
     # the auto pipeline against the six (default configuration) and the fair comparison, five seeds, every ε
     jobs += [Job(f"auto-{d}", f"auto/{d}", ("--dataset", d, "--variants", *AUTO_VARIANTS, "--seeds", "5"))
              for d in AUTO_DATASETS]
+    # auto's step 2 with each outcome forced, on five validation folds (the evidence for UNBIASED_BELOW)
+    jobs += [Job(f"auto-validation-{d}-{s}", f"auto/validation/{d}/seed-{s}",
+                 ("--dataset", d, "--mechanisms", "unbiased", "--variants", "auto-denoised", "auto-unbiased",
+                  "--validation", "--validation-seed", str(s), "--epsilon", *VALIDATION_EPSILONS[d], "--seeds", "3"))
+             for d in VALIDATION_EPSILONS for s in VALIDATION_SEEDS]
     jobs.append(Job("beyond-california-5-seeds", "beyond/california-5-seeds",
                     ("--dataset", "california", "--mechanisms", "unbiased", "--variants", "two-stage-unbiased",
                      "--epsilon", "1", "1.5", "2", "--seeds", "5")))
@@ -70,8 +78,15 @@ JOBS: tuple[Job, ...] = tuple(_jobs())
 
 
 def run_jobs(out, only=None) -> list[tuple[str, float]]:
-    """Run the jobs (all, or those named in ``only``) into ``out``; returns (name, seconds) per job."""
-    from rpwjax import cli
+    """Run the jobs (all, or those named in ``only``) into ``out``; returns (name, seconds) per job.
+
+    Each job runs in a fresh process (``python -m rpwjax.cli curves ...``): one process running job after
+    job keeps the compiled code of all of them mapped until LLVM can map no more (a run of the ten
+    validation folds ended that way).
+    """
+    import subprocess
+    import sys
+
     from rpwjax.errors import InputError
 
     out = Path(out)
@@ -86,8 +101,9 @@ def run_jobs(out, only=None) -> list[tuple[str, float]]:
         if only and job.name not in only:
             continue
         start = time.perf_counter()
-        with open(logs / f"{job.name}.txt", "w") as log, contextlib.redirect_stdout(log):
-            code = cli.main(job.argv(out))
+        with open(logs / f"{job.name}.txt", "w") as log:
+            code = subprocess.run([sys.executable, "-m", "rpwjax.cli", *job.argv(out)], stdout=log,
+                                  stderr=subprocess.STDOUT).returncode
         if code != 0:
             raise RuntimeError(f"job {job.name} failed with exit code {code} (see {logs / (job.name + '.txt')})")
         seconds = time.perf_counter() - start
@@ -325,11 +341,62 @@ def format_auto_table(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def validation_table(out) -> list[dict]:
+    """Auto's step 2 on the validation folds in ``out`` (``auto/validation/DATASET/seed-N/results.csv``).
+
+    Per data set and ε: the rule's Q on the fold's training rows, the mean over folds (each the mean over
+    its seeds) of the test MSE on the held-out quarter with the branch forced each way, in how many folds
+    the unbiased branch was the better one, and the branch the rule picks there.
+    """
+    from rpwjax.experiments.datasets import load_dataset, train_test_split, validation_split
+    from rpwjax.experiments.sweeps import read_rows, summarize
+    from rpwjax.pipelines import auto
+    from rpwjax.pipelines.statistics import public_design
+
+    table = []
+    for dataset in VALIDATION_EPSILONS:
+        folds = {}
+        for seed in VALIDATION_SEEDS:
+            path = Path(out) / "auto" / "validation" / dataset / f"seed-{seed}" / "results.csv"
+            if path.exists():
+                folds[seed] = {(c["mechanism"], c["epsilon"]): c["test_mse_mean"] for c in summarize(read_rows(path))}
+        if not folds:
+            continue
+        split = validation_split(train_test_split(load_dataset(dataset), seed=0))
+        design, bound = public_design(split.x_train, auto.COMPONENTS)
+        for e in sorted(float(v) for v in VALIDATION_EPSILONS[dataset]):
+            den = np.array([f[("auto-denoised", e)] for f in folds.values()])
+            unb = np.array([f[("auto-unbiased", e)] for f in folds.values()])
+            p = auto.plan(e, split.y_train.size, design.shape[1] - 1, bound, split.hi - split.lo)
+            table.append({"dataset": dataset, "epsilon": e, "rows": int(split.y_train.size), "folds": len(folds),
+                          "q": p.unbiased_noise_ratio, "rule": p.branch, "denoised_mse": float(den.mean()),
+                          "unbiased_mse": float(unb.mean()), "unbiased_wins": int((unb < den).sum())})
+    return table
+
+
+def format_validation_table(table: list[dict]) -> str:
+    from rpwjax.pipelines import auto
+
+    lines = [f"Step 2 of auto's rule on validation folds (held-out quarters of the training rows, never a test "
+             f"row): unbiased labels when Q < {auto.UNBIASED_BELOW:g}. Test MSE on the held-out rows, mean over "
+             f"folds of the mean over 3 seeds.", "",
+             "| data set | ε | Q (fold's rows) | forced denoised | forced unbiased | unbiased better in | the rule picks |",
+             "|---|---|---|---|---|---|---|"]
+    for t in table:
+        lines.append(f"| {t['dataset']} | {t['epsilon']:g} | {t['q']:.5f} | {t['denoised_mse']:.4g} | "
+                     f"{t['unbiased_mse']:.4g} | {t['unbiased_wins']} of {t['folds']} folds | {t['rule']} |")
+    return "\n".join(lines)
+
+
 def auto_report(out) -> str:
-    """``auto/target.md`` in ``out`` from the committed auto sweeps; returns its text."""
+    """``auto/target.md`` (and ``auto/validation.md``) in ``out`` from the committed auto sweeps; returns the text."""
+    texts = []
     table = auto_table(out)
-    if not table:
-        return ""
-    text = format_auto_table(table)
-    (Path(out) / "auto" / "target.md").write_text(text + "\n")
-    return text
+    if table:
+        texts.append(format_auto_table(table))
+        (Path(out) / "auto" / "target.md").write_text(texts[-1] + "\n")
+    validation = validation_table(out)
+    if validation:
+        texts.append(format_validation_table(validation))
+        (Path(out) / "auto" / "validation.md").write_text(texts[-1] + "\n")
+    return "\n\n".join(texts)

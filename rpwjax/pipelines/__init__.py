@@ -100,6 +100,9 @@ PIPELINES: dict[str, Pipeline] = {
     p.name: p
     for p in (
         _row("auto", "auto", "by-rule"),
+        # auto with step 2 of its rule fixed: for validating the rule (rpwjax.pipelines.auto), not a recommendation
+        _row("auto-denoised", "auto", "by-rule", branch="denoised"),
+        _row("auto-unbiased", "auto", "by-rule", branch="unbiased"),
         _row("rpwithprior+calibrated", "calibrated", prior_fraction=0.5),
         _row("linear-prior", "linear-prior", stats_fraction=0.4, prior_fraction=0.1),
         _row("two-stage", "two-stage", stage1="unbiased", stage2="rpwithprior", fraction=0.5),

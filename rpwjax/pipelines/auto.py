@@ -46,6 +46,14 @@ The constants were fixed from validation runs that never read a test row
 (the training rows of the bundled data sets split again), before the sweep
 that judges ``auto`` (plots/auto/). The sidecar records the plan, every
 quantity the rule read and every ε spent (``record["auto"]``).
+
+**Validating step 2.** ``branch="denoised"`` or ``"unbiased"`` fixes the
+outcome of step 2 and leaves every other step as it is (step 1 still sends
+data whose features cannot be afforded to ``calibrated``); the registry rows
+``auto-denoised`` and ``auto-unbiased`` run it that way, so that
+``rpwjax curves --validation --validation-seed N --variants auto-denoised
+auto-unbiased`` compares the two branches on any re-split of the training
+rows. The plan records the forced branch (``forced_branch``).
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ import math
 
 import numpy as np
 
-from rpwjax.errors import check_epsilon, check_labels, check_range
+from rpwjax.errors import check_choice, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.pipelines.linear_prior import check_features, linear_residual_prior, release_around
 from rpwjax.pipelines.residuals import (CENTRE_GROUPS, centre_groups, residual_clip_range, unbiased_residual_fit,
@@ -91,6 +99,7 @@ class AutoPlan:
     statistics_epsilon: float
     residual_histogram_epsilon: float
     release_epsilon: float
+    forced_branch: str | None = None  # step 2 fixed by the caller (validation of the rule), else None
 
     def to_json(self) -> dict:
         return {k: (None if isinstance(v, float) and math.isnan(v) else v)
@@ -114,22 +123,28 @@ def uniform_unbiased_variance(epsilon: float, bins: int = 32) -> float:
     return float(np.asarray(info["label_mse"]).reshape(-1)[0])
 
 
-def plan(epsilon: float, rows: int, components: int, l1_bound: float, width: float) -> AutoPlan:
-    """Steps 1 to 3 of the rule (see the module docstring)."""
+BRANCHES = ("denoised", "unbiased")  # the outcomes of step 2 a caller may fix
+
+
+def plan(epsilon: float, rows: int, components: int, l1_bound: float, width: float,
+         branch: str | None = None) -> AutoPlan:
+    """Steps 1 to 3 of the rule (see the module docstring); ``branch`` fixes step 2 (validation only)."""
+    if branch is not None:
+        check_choice(branch, "branch", BRANCHES)
     eps = float(epsilon)
     rho = functools.partial(relative_coefficient_noise, rows, components, l1_bound)
     head = (eps, rows, components, l1_bound, width, rho(eps / 2))
     if rho(eps / 2) > AFFORD_RHO:
         eps1 = CALIBRATED_PRIOR_FRACTION * eps
-        return AutoPlan(*head, math.nan, "calibrated", 0.0, eps1, eps - eps1)
+        return AutoPlan(*head, math.nan, "calibrated", 0.0, eps1, eps - eps1, branch)
     q = uniform_unbiased_variance(eps) * 12 / rows
-    if q >= UNBIASED_BELOW:
+    if branch == "denoised" or (branch is None and q >= UNBIASED_BELOW):
         eps_s = (0.5 if rho(0.4 * eps) > 0.15 else 0.4) * eps
         eps1 = 0.1 * eps
-        return AutoPlan(*head, q, "denoised", eps_s, eps1, eps - eps_s - eps1)
+        return AutoPlan(*head, q, "denoised", eps_s, eps1, eps - eps_s - eps1, branch)
     eps_s = float(np.clip(rho(1.0) / TARGET_RHO, STATS_SHARE[0] * eps, STATS_SHARE[1] * eps))
     eps1 = HISTOGRAM_SHARE * eps
-    return AutoPlan(*head, q, "unbiased", eps_s, eps1, eps - eps_s - eps1)
+    return AutoPlan(*head, q, "unbiased", eps_s, eps1, eps - eps_s - eps1, branch)
 
 
 def _grouped_unbiased(prior, y, lo, hi, eps2, secret: Secret):
@@ -153,8 +168,11 @@ def _grouped_unbiased(prior, y, lo, hi, eps2, secret: Secret):
     return out, {"denoised": False, "groups": len(fields), "release": fields}
 
 
-def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int = 32):
-    """Private training labels by the ``auto`` rule: ``(labels, record)``; ``record["auto"]`` is the rule's trace."""
+def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int = 32, branch: str | None = None):
+    """Private training labels by the ``auto`` rule: ``(labels, record)``; ``record["auto"]`` is the rule's trace.
+
+    ``branch`` fixes step 2 (``"denoised"`` or ``"unbiased"``; for validating the rule, see the module docstring).
+    """
     from rpwjax.pipelines.calibrated import calibrated_denoised
 
     lo, hi = check_range(lo, hi)
@@ -163,7 +181,7 @@ def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int 
     x = check_features(features, y)
     check_secret(secret)
     design, bound = public_design(x, COMPONENTS)
-    p = plan(eps, y.size, design.shape[1] - 1, bound, hi - lo)
+    p = plan(eps, y.size, design.shape[1] - 1, bound, hi - lo, branch)
     trace = {"rule": "rpwjax.pipelines.auto", "plan": p.to_json()}
     if p.branch == "calibrated":
         out, record = calibrated_denoised(y, lo, hi, eps, secret=secret.child("auto-calibrated"),
