@@ -316,6 +316,11 @@ def cmd_curves(args) -> int:
 
     if (args.dataset is None) == (args.data is None):
         raise InputError("give exactly one of --dataset NAME or --data FILE")
+    if args.validation_seed is not None:  # checked before any data is read
+        if not args.validation:
+            raise InputError("--validation-seed does nothing without --validation")
+        if not 0 <= args.validation_seed < 2**63:
+            raise InputError(f"--validation-seed must be an integer in [0, 2**63), got {args.validation_seed}")
     if args.data is not None:
         if args.label_column is None or args.range is None:
             raise InputError("--data needs --label-column COL and --range LO HI (the range is public input)")
@@ -336,14 +341,9 @@ def cmd_curves(args) -> int:
         variants=tuple(args.variants or ()),
         configs=tuple(dict.fromkeys(args.config)),
     )
-    if args.validation_seed is not None and not args.validation:
-        raise InputError("--validation-seed does nothing without --validation")
     split = train_test_split(dataset, seed=0)
     if args.validation:
-        seed = VALIDATION_SEED if args.validation_seed is None else args.validation_seed
-        if not 0 <= seed < 2**63:
-            raise InputError(f"--validation-seed must be an integer in [0, 2**63), got {seed}")
-        split = validation_split(split, seed=seed)
+        split = validation_split(split, seed=VALIDATION_SEED if args.validation_seed is None else args.validation_seed)
     return _sweep(split, config, args.out, args.quiet)
 
 
