@@ -1173,8 +1173,9 @@ def read_feature_table(path, label_column: str, *, encoding=None) -> FeatureTabl
             non_numeric.append(name)
             continue
         values = column.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
-        if not np.isfinite(values).all():
-            with_gaps.append(name)
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size:
+            with_gaps.append(f"{name} (first at data row {int(bad[0]) + 1})")
             continue
         names.append(name)
         columns.append(values)
@@ -1183,5 +1184,6 @@ def read_feature_table(path, label_column: str, *, encoding=None) -> FeatureTabl
     if with_gaps:
         notes.append(f"dropped {len(with_gaps)} column(s) with missing or non-finite values: {', '.join(with_gaps)}")
     if not columns:
-        raise InputError(f"{str(path)!r} has no usable numeric feature column besides {label_column!r}")
+        raise InputError(f"{str(path)!r} has no usable numeric feature column besides {label_column!r}"
+                         + (f" ({'; '.join(notes)})" if notes else ""))
     return FeatureTable(np.column_stack(columns), np.asarray(labels, np.float64), tuple(names), tuple(notes))
