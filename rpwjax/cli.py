@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -37,6 +38,14 @@ class Interrupted(BaseException):
 
 
 class _Parser(argparse.ArgumentParser):
+    # a value like "-1e6", "-2.5E-3" or "-inf" (e.g. after --range) is a negative number, not an option: argparse's
+    # own pattern knows only "-1" and "-1.5"
+    NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-inf(inity)?$", re.IGNORECASE)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = self.NEGATIVE_NUMBER
+
     def error(self, message):  # one line, exit 2, like every other bad input
         self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 

@@ -203,6 +203,27 @@ def test_missing_label_column_and_missing_file(files, tmp_path, capsys):
     assert code != 0 and "not found" in err and not (tmp_path / "o.csv").exists()
 
 
+@pytest.mark.parametrize("lo, hi", slow_unless([("-1e6", "1e6"), ("-2.5E-1", "7.5e-1"), ("-1", "1")],
+                                             fast=[("-1e6", "1e6")]))
+def test_a_negative_range_in_any_number_notation_is_a_value(files, tmp_path, capsys, lo, hi):
+    """``--range -1e6 1e6`` is two numbers, not an unknown option (argparse alone reads only -1 and -1.5 so)."""
+    d, table = files
+    src = tmp_path / "shifted.csv"
+    scale = float(hi) - float(lo)
+    pacsv.write_csv(pa.table({"value": table.column("value").to_numpy() * scale + float(lo), "x": table["x"]}), src)
+    code, out, err = run(["fit", "--labels", str(src), "--label-column", "value", "--range", lo, hi,
+                          "--mechanism", "laplace", "--epsilon", "1", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)[0]["range"] == [float(lo), float(hi)]
+    code, _, err = run(["privatize-table", str(src), "-o", str(tmp_path / "o.csv"), "--label-column", "value",
+                        "--range", lo, hi, "--epsilon", "1", "--key-file", str(d / "key")], capsys)
+    assert code == 0, err
+    # an infinite bound parses as a number too, and is then refused by name, with no output
+    code, _, err = run(["privatize-table", str(src), "-o", str(tmp_path / "p.csv"), "--label-column", "value",
+                        "--range", "-inf", hi, "--epsilon", "1"], capsys)
+    assert code == 2 and "range must be finite" in err and not (tmp_path / "p.csv").exists()
+
+
 def test_clip_flag_clips_instead_of_refusing(tmp_path, capsys):
     src = _bad_table(tmp_path, [0.1, 0.2, 7.0])
     out = tmp_path / "o.csv"
