@@ -154,8 +154,9 @@ class _Additive(Mechanism):
             if margin >= 0 and (width + 2 * margin) / h <= MAX_CELLS:
                 break
             h *= 2
-        else:  # pragma: no cover - h doubles until one cell holds everything
-            raise InputError(f"{self.name}: no release grid found at epsilon={float(self.epsilon)!r}")
+        else:  # at a very large ε the noise is too narrow for any float64 grid to keep every cell's mass
+            raise InputError(f"{self.name}: epsilon={float(np.max(self.epsilon)):g} is too large for a certified "
+                             f"float64 release (no public grid keeps {MIN_CELL_COUNT:g} uniforms in every cell)")
         return {"grid": h, "low": np.ceil((self.lo - margin) / h) * h, "high": np.floor((self.hi + margin) / h) * h}
 
 
