@@ -189,13 +189,12 @@ def cmd_fit(args) -> int:
     if args.save:
         if len(records) != 1:
             raise InputError(f"--save writes exactly one fit: give one --epsilon, got {len(records)}")
-        from rpwjax.api import load_params
-        from rpwjax.release_path import spec
+        from rpwjax.audit.verify import check_record
 
-        try:  # parameters privatize would refuse are not saved
-            spec(load_params(records[0])[0])
-        except InputError as err:
-            raise InputError(f"--save: these parameters cannot be released: {err}") from None
+        # parameters privatize would refuse are not saved: the same checks privatize runs on a params file
+        problems = check_record(records[0], stop_early=True)[1]["problems"]
+        if problems:
+            raise InputError(f"--save: these parameters cannot be released: {problems[0]}")
         io.write_json(args.save, records[0])
     if args.json:
         print(json.dumps(records, indent=2))

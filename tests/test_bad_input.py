@@ -303,10 +303,12 @@ FIT_CASES = [
      ["--objective inside does nothing for --mechanism staircase"]),
     # parameters that privatize would refuse are not saved (two ways a float64 grid runs out)
     ("--save of laplace at epsilon 50", "l.txt", b"0.5\n", ["--mechanism", "laplace", "--epsilon", "50"],
-     ["--save: these parameters cannot be released: laplace: epsilon=50 is too large for a certified float64"]),
-    ("--save of gaussian at epsilon 500", "l.txt", b"0.5\n", ["--mechanism", "gaussian", "--epsilon", "500"],
-     ["--save: these parameters cannot be released: gaussian: epsilon=500 is too large for a certified float64",
+     ["--save: these parameters cannot be released: ", "laplace: epsilon=50 is too large for a certified float64"]),
+    ("--save of laplace at epsilon 500", "l.txt", b"0.5\n", ["--mechanism", "laplace", "--epsilon", "500"],
+     ["--save: these parameters cannot be released: ", "laplace: epsilon=500 is too large for a certified float64",
       "no public grid keeps"]),
+    ("--save of rpwithprior at epsilon 100", "l.txt", b"0.5\n", ["--epsilon", "100"],
+     ["--save: these parameters cannot be released: ", "rpwithprior: epsilon=90 is too large for a certified float64"]),
 ]
 
 
