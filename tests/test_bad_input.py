@@ -301,7 +301,7 @@ FIT_CASES = [
      ["--prior-epsilon 0.1 does nothing under --prior empirical"]),
     ("--objective for staircase", "l.txt", b"0.5\n", ["--mechanism", "staircase", "--objective", "inside"],
      ["--objective inside does nothing for --mechanism staircase"]),
-    # parameters that privatize would refuse are not saved (two ways a float64 grid runs out)
+    # parameters that privatize would refuse are not saved (ways a certified float64 release runs out at a large ε)
     ("--save of laplace at epsilon 50", "l.txt", b"0.5\n", ["--mechanism", "laplace", "--epsilon", "50"],
      ["--save: these parameters cannot be released: ", "laplace: epsilon=50 is too large for a certified float64"]),
     ("--save of laplace at epsilon 500", "l.txt", b"0.5\n", ["--mechanism", "laplace", "--epsilon", "500"],
