@@ -306,16 +306,20 @@ def auto_table(out) -> list[dict]:
     return table
 
 
-def auto_branches(dataset: str, epsilons) -> dict:
-    """The branch the auto rule takes for each ε on a bundled data set's training rows (public numbers only)."""
-    from rpwjax.experiments.datasets import load_dataset, train_test_split
+def auto_plans(split, epsilons) -> dict:
+    """The auto rule's plan for each ε on a split's training rows (public numbers only)."""
     from rpwjax.pipelines import auto
     from rpwjax.pipelines.statistics import public_design
 
-    split = train_test_split(load_dataset(dataset), seed=0)
     design, bound = public_design(split.x_train, auto.COMPONENTS)
-    return {e: auto.plan(e, split.y_train.size, design.shape[1] - 1, bound, split.hi - split.lo).branch
-            for e in epsilons}
+    return {e: auto.plan(e, split.y_train.size, design.shape[1] - 1, bound, split.hi - split.lo) for e in epsilons}
+
+
+def auto_branches(dataset: str, epsilons) -> dict:
+    """The branch the auto rule takes for each ε on a bundled data set's training rows (public numbers only)."""
+    from rpwjax.experiments.datasets import load_dataset, train_test_split
+
+    return {e: p.branch for e, p in auto_plans(train_test_split(load_dataset(dataset), seed=0), epsilons).items()}
 
 
 def format_auto_table(table: list[dict]) -> str:
@@ -350,8 +354,6 @@ def validation_table(out) -> list[dict]:
     """
     from rpwjax.experiments.datasets import load_dataset, train_test_split, validation_split
     from rpwjax.experiments.sweeps import read_rows, summarize
-    from rpwjax.pipelines import auto
-    from rpwjax.pipelines.statistics import public_design
 
     table = []
     for dataset in VALIDATION_EPSILONS:
@@ -363,11 +365,9 @@ def validation_table(out) -> list[dict]:
         if not folds:
             continue
         split = validation_split(train_test_split(load_dataset(dataset), seed=0))
-        design, bound = public_design(split.x_train, auto.COMPONENTS)
-        for e in sorted(float(v) for v in VALIDATION_EPSILONS[dataset]):
+        for e, p in auto_plans(split, sorted(float(v) for v in VALIDATION_EPSILONS[dataset])).items():
             den = np.array([f[("auto-denoised", e)] for f in folds.values()])
             unb = np.array([f[("auto-unbiased", e)] for f in folds.values()])
-            p = auto.plan(e, split.y_train.size, design.shape[1] - 1, bound, split.hi - split.lo)
             table.append({"dataset": dataset, "epsilon": e, "rows": int(split.y_train.size), "folds": len(folds),
                           "q": p.unbiased_noise_ratio, "rule": p.branch, "denoised_mse": float(den.mean()),
                           "unbiased_mse": float(unb.mean()), "unbiased_wins": int((unb < den).sum())})
