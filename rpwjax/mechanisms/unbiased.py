@@ -146,6 +146,8 @@ _FREE_MARGIN_ROWS = 1  # ... and within this many rows
 _ZERO_U = 1e-13  # column minima below this count as zero while searching
 _ZERO_MASS = 1e-14  # outputs whose largest probability is below this are dropped from the result
 _EPSILON_MARGIN = 1e-8  # the LP is solved at ε - this, so rounding fixes cannot exceed ε
+_RETRY_MARGINS = (1e-6, 1e-4)  # ... or at ε - these, when its solution is too far from feasible for the first
+_MAX_POLISH = 1e-6  # the polish never changes an entry by more than this (relative)
 _LOW, _FREE, _HIGH = 0, 1, 2
 _HIGHS_OPTIONS = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
 
@@ -476,16 +478,21 @@ def _levels(grid_size: int):
     return sizes[::-1]
 
 
-def _polish(problem: _Problem, z, u, free, status):
+class _TooFarFromFeasible(RuntimeError):
+    pass
+
+
+def _polish(problem: _Problem, z, u, free, status, slack: float):
     """Exact row sums and means; the DP ratio stays below e^ε.
 
     The solver's Q is rebuilt on the outputs with mass and clipped into the DP
-    box [u_m, e^ε' u_m] column by column (ε' = ε - 1e-8, the ε the LP was
-    solved at). The rows' remaining residuals (solver tolerance, dropped
-    near-empty outputs) are removed by the per-row affine reweighting
-    Q_jm <- Q_jm (1 + a_j + b_j (z_m - x_j)), a 2 x 2 solve per row. It changes
-    every entry by a relative δ ≤ 2.5e-9 (checked), so every ratio stays below
-    e^ε' (1 + δ) / (1 - δ) < e^ε.
+    box [u_m, e^ε' u_m] column by column (ε' the ε the LP was solved at, with
+    ``slack`` = ε - ε' > 0: 1e-8, or more when ε is above MAX_LP_EPSILON). The
+    rows' remaining residuals (solver tolerance, dropped near-empty outputs) are
+    removed by the per-row affine reweighting Q_jm <- Q_jm (1 + a_j + b_j (z_m - x_j)),
+    a 2 x 2 solve per row. It changes every entry by a relative δ ≤ min(slack/4,
+    1e-6) (checked), so every ratio stays below e^ε' (1 + δ) / (1 - δ) <
+    e^(ε' + 2.0001 δ) < e^ε.
     """
     x, growth = problem.x, problem.growth
     active = np.flatnonzero(growth * u > _ZERO_MASS)
@@ -501,15 +508,29 @@ def _polish(problem: _Problem, z, u, free, status):
     b = -s1 / det
     change = (one_plus_a - 1.0)[:, None] + b[:, None] * d
     worst = float(np.abs(change).max())
-    if worst > 0.25 * _EPSILON_MARGIN:
-        raise RuntimeError(f"internal error: the unbiased LP solution is too far from feasible (relative {worst:.1e})")
+    if not worst <= min(0.25 * slack, _MAX_POLISH):
+        raise _TooFarFromFeasible(f"internal error: the unbiased LP solution is too far from feasible "
+                                  f"(relative {worst:.1e})")
     return z, q * (1.0 + change)
 
 
 def _solve(x, p, epsilon: float, grid_size: int, extension):
-    """The optimal unbiased randomizer of one normalised problem: (outputs, Q, info)."""
+    """The optimal unbiased randomizer of one normalised problem: (outputs, Q, info).
+
+    The LP is solved at min(ε, MAX_LP_EPSILON) - 1e-8; when HiGHS leaves a solution that the polish
+    cannot repair within that margin (seen on peaked priors at the cap), it is solved again with a
+    margin of 1e-6, then 1e-4: a slightly smaller ε, still ε-DP (``info["lp_margin"]`` says which)."""
+    for margin in (_EPSILON_MARGIN, *_RETRY_MARGINS):
+        try:
+            return _solve_with_margin(x, p, epsilon, grid_size, extension, margin)
+        except _TooFarFromFeasible as failure:
+            last = failure
+    raise RuntimeError(str(last))
+
+
+def _solve_with_margin(x, p, epsilon: float, grid_size: int, extension, margin: float):
     eps_lp = min(epsilon, MAX_LP_EPSILON)
-    growth = math.exp(eps_lp - _EPSILON_MARGIN)
+    growth = math.exp(eps_lp - margin)
     k = x.size
     p = np.maximum(p, _MASS_FLOOR / k)
     problem = _Problem(x, p / p.sum(), growth)
@@ -555,8 +576,8 @@ def _solve(x, p, epsilon: float, grid_size: int, extension):
             RuntimeWarning,
             stacklevel=3,
         )
-    outputs, q = _polish(problem, z, state["u"], state["free"], state["status"])
-    info = dict(gap=state["gap"], solves=solves, extension=c_ext, epsilon_lp=eps_lp)
+    outputs, q = _polish(problem, z, state["u"], state["free"], state["status"], epsilon - (eps_lp - margin))
+    info = dict(gap=state["gap"], solves=solves, extension=c_ext, epsilon_lp=eps_lp, lp_margin=margin)
     return outputs, q, info
 
 
@@ -650,7 +671,8 @@ def fit_unbiased(
       under the prior, equal to ``params.label_mse(prior)``), ``num_outputs`` (outputs with mass, at most 2k),
       ``optimality_gap`` (certified bound on the relative distance to the grid
       LP's optimum), ``lp_solves``, ``support_size`` (k after any collapsing),
-      ``epsilon_lp`` (the ε the LP was solved at: min(ε, 12)), ``extension`` (the
+      ``epsilon_lp`` (min(ε, 12); the LP was solved at this minus ``lp_margin``, 1e-8 unless HiGHS's
+      solution needed a retry at 1e-6 or 1e-4), ``extension`` (the
       output grid's final reach, units of Δ) and ``collapsed`` (whether the prior
       was collapsed onto ``max_support`` points).
     """
@@ -705,6 +727,7 @@ def fit_unbiased(
                 lp_solves=solved["solves"],
                 support_size=x.size,
                 epsilon_lp=solved["epsilon_lp"],
+                lp_margin=solved["lp_margin"],
                 extension=solved["extension"],
             )
         )
