@@ -114,6 +114,31 @@ def residual_clip_range(edges, mass, width, quantile: float = RESIDUAL_QUANTILE)
     return min(c_lo, -0.05 * width), max(c_hi, 0.05 * width)
 
 
+def clipping_error(edges, mass, c_lo, c_hi, support=None):
+    """E[(clip(R, c_lo, c_hi) - R)²] for R from the residual prior (``edges``, ``mass``; uniform within a bin),
+    restricted to ``support`` = (s_lo, s_hi) (where the residuals can lie) and renormalised there."""
+    edges = np.asarray(edges, np.float64)
+    mass = np.asarray(mass, np.float64)
+    a, b = edges[:-1], edges[1:]
+    if support is not None:
+        a2, b2 = np.clip(a, *support), np.clip(b, *support)
+        mass = mass * (b2 - a2) / (b - a)
+        a, b = a2, b2
+    total = mass.sum()
+    if total <= 0:
+        return 0.0
+    width = np.where(b > a, b - a, 1.0)
+
+    def beyond(start, end, c):  # ∫ over [start, end] ∩ [c, ∞) of (r - c)² dr
+        s = np.maximum(start, c)
+        return np.where(end > s, ((end - c) ** 3 - (s - c) ** 3) / 3, 0.0)
+
+    above = beyond(a, b, c_hi)
+    below = beyond(-b, -a, -c_lo)
+    per_bin = np.where(b > a, (above + below) / width, 0.0)
+    return float(np.sum(mass * per_bin) / total)
+
+
 def unbiased_residual_fit(edges, mass, width, epsilon, residual_range=None):
     """The optimal unbiased randomizer for residuals clipped to ``residual_range`` (default
     :func:`residual_clip_range`), fitted on the residual prior restricted to that range:
