@@ -163,7 +163,8 @@ def test_clipping_error_is_the_integral_under_the_histogram(rng):
     mass = rng.dirichlet(np.ones(40))
     bins = rng.choice(40, size=400_000, p=mass)
     r = rng.uniform(edges[bins], edges[bins + 1])
-    for c_lo, c_hi, support in ((-0.7, 0.4, None), (-0.05, 1.3, (-1.0, 1.5)), (-3.0, 3.0, None)):
+    for c_lo, c_hi, support in ((-0.73, 0.43, None), (-0.05, 1.33, (-0.93, 1.47)), (0.2, 0.2, (-1.61, 0.87)),
+                                (-3.0, 3.0, None)):
         kept = r if support is None else r[(r >= support[0]) & (r <= support[1])]
         expected = np.mean((np.clip(kept, c_lo, c_hi) - kept) ** 2)
         got = residuals.clipping_error(edges, mass, c_lo, c_hi, support)

@@ -60,7 +60,8 @@ outputs out to four times farther are checked; if any is negative the grid is
 widened and the fit continued, so the range never binds. Refining the grid
 from 1025 to 2049 points lowers the optimum by about 1e-6 relative at k = 401.
 For ε above 12 the LP is solved at ε = 12 (its coefficients e^ε would otherwise
-exceed what the solver resolves): a 12-DP randomizer is ε-DP; ``info`` says so.
+exceed what the solver resolves): a (12 + 2e-6)-DP randomizer (see *Exactness*)
+is ε-DP; ``info`` says so.
 
 **Zero-mass support points** (empty bins of a noisy histogram, lo and hi under an
 empirical prior that does not reach them) get the mass
@@ -70,11 +71,16 @@ their duals stay far above the solver's tolerance (with masses near 1e-9 the
 prices of those rows are noise and the search crawls). ``info["label_mse"]`` is
 always computed under the prior's true masses.
 
-**Exactness.** The LP is solved at ε' = ε - 1e-8. The final matrix keeps the
-outputs with mass, is clipped into the DP box :math:`[u_m, e^{\varepsilon'} u_m]`
-column by column, and a per-row affine reweighting (relative change at most
-2.5e-9, checked) makes every row sum to one and have mean :math:`x_j` to
-rounding (≈1e-15) while every ratio stays below :math:`e^\varepsilon`.
+**Exactness.** The LP is solved at ε' = min(ε, 12) - 1e-8. The final matrix
+keeps the outputs with mass, is clipped into the DP box
+:math:`[u_m, e^{\varepsilon'} u_m]` column by column, and a per-row affine
+reweighting (relative change δ at most min((ε - ε')/4, 1e-6), checked: 2.5e-9
+up to ε = 12) makes every row sum to one and have mean :math:`x_j` to rounding
+(≈1e-15) while every ratio stays below :math:`e^{\varepsilon' + 2.0001\delta} < e^\varepsilon`.
+When the solver's solution needs a larger change than that (seen on peaked
+priors at ε = 12), the LP is solved again with ε' = min(ε, 12) - 1e-6, then
+- 1e-4 (each only while it is at most 1% of ε): a slightly smaller ε, still
+ε-DP; ``info["lp_margin"]`` is the margin used.
 
 **Unbiased on the whole public range.** The support always contains lo and
 hi (added as LP rows when the prior does not hold them), and a label between
@@ -519,13 +525,17 @@ def _solve(x, p, epsilon: float, grid_size: int, extension):
 
     The LP is solved at min(ε, MAX_LP_EPSILON) - 1e-8; when HiGHS leaves a solution that the polish
     cannot repair within that margin (seen on peaked priors at the cap), it is solved again with a
-    margin of 1e-6, then 1e-4: a slightly smaller ε, still ε-DP (``info["lp_margin"]`` says which)."""
-    for margin in (_EPSILON_MARGIN, *_RETRY_MARGINS):
+    margin of 1e-6, then 1e-4, each only while it is at most 1% of that ε: a slightly smaller ε, still
+    ε-DP (``info["lp_margin"]`` says which)."""
+    eps_lp = min(epsilon, MAX_LP_EPSILON)
+    margins = (_EPSILON_MARGIN, *(m for m in _RETRY_MARGINS if m <= 0.01 * eps_lp))
+    for margin in margins:
         try:
             return _solve_with_margin(x, p, epsilon, grid_size, extension, margin)
         except _TooFarFromFeasible as failure:
             last = failure
-    raise RuntimeError(str(last))
+    raise RuntimeError(f"{last} at every margin tried ({', '.join(f'{m:g}' for m in margins)} below "
+                       f"epsilon={eps_lp!r})") from last
 
 
 def _solve_with_margin(x, p, epsilon: float, grid_size: int, extension, margin: float):

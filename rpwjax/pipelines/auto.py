@@ -42,9 +42,9 @@ release and never looks at any model's error.
    Unbiased mechanism fitted to that range: labels m(x) + Ỹ, unbiased for
    m(x) + clip(y - m(x)). q is the candidate of :data:`CLIP_QUANTILES`
    (2% down to no clip) with the least expected label error, clipping bias²
-   under the residual prior plus the release's variance for a range that
-   wide (:func:`group_residual_range`): 2% at moderate ε, wider where the
-   release's noise is small and the clip's bias is what is left.
+   under the residual prior plus a bound on the release's variance for a
+   range that wide (:func:`group_residual_range`): 2% at moderate ε, less
+   where the release's noise is small and the clip's bias is what is left.
 
 The constants were fixed from validation runs that never read a test row
 (the training rows of the bundled data sets split again), before the sweep
@@ -159,10 +159,11 @@ def group_residual_range(edges, mass, width, centres, lo, hi, eps2):
     candidate q of :data:`CLIP_QUANTILES` clips them to the residual prior's q and 1 - q quantiles inside that
     (q = 0: not beyond it), and costs an expected label error of bias² + variance: the clipping error under
     the residual prior restricted to the group's range (:func:`~rpwjax.pipelines.residuals.clipping_error`)
-    plus the Unbiased label variance for a range that wide at ε₂ (the uniform prior's, scaled by the width²:
-    :func:`uniform_unbiased_variance`). The cheapest candidate wins (the first, 2%, on ties); a range
-    narrower than 5% of the width is widened to that around its middle. Public numbers and the released
-    residual prior only."""
+    plus an upper bound on the Unbiased label variance for a range that wide at ε₂ (the uniform prior's,
+    scaled by the width²: :func:`uniform_unbiased_variance`). The cheapest candidate wins, the earliest
+    in the list on ties (so a recorded q below 2% may clip nothing more than a smaller one would); a
+    range narrower than 5% of the width is widened to that around its middle. Public numbers, the
+    released residual prior and the group's centres only."""
     feasible = (max(lo - float(np.max(centres)), -width), min(hi - float(np.min(centres)), width))
     variance = uniform_unbiased_variance(eps2)
     floor = 0.05 * width

@@ -115,8 +115,11 @@ def residual_clip_range(edges, mass, width, quantile: float = RESIDUAL_QUANTILE)
 
 
 def clipping_error(edges, mass, c_lo, c_hi, support=None):
-    """E[(clip(R, c_lo, c_hi) - R)²] for R from the residual prior (``edges``, ``mass``; uniform within a bin),
-    restricted to ``support`` = (s_lo, s_hi) (where the residuals can lie) and renormalised there."""
+    """E[(clip(R, c_lo, c_hi) - R)²] for R from the residual prior (``edges`` strictly increasing, ``mass``;
+    uniform within a bin), restricted to ``support`` = (s_lo, s_hi) (where the residuals can lie) and
+    renormalised there; c_lo <= c_hi."""
+    if not c_lo <= c_hi:
+        raise ValueError(f"need c_lo <= c_hi, got {c_lo!r} > {c_hi!r}")
     edges = np.asarray(edges, np.float64)
     mass = np.asarray(mass, np.float64)
     a, b = edges[:-1], edges[1:]
