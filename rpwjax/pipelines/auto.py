@@ -152,12 +152,19 @@ def plan(epsilon: float, rows: int, components: int, l1_bound: float, width: flo
     return AutoPlan(*head, q, "unbiased", eps_s, eps1, eps - eps_s - eps1, branch)
 
 
-def group_residual_range(edges, mass, width, centres, lo, hi, eps2):
+def clip_candidates(edges, mass, width) -> list:
+    """Step 4, branch ``unbiased``: ``(q, (c_lo, c_hi))`` for each q of :data:`CLIP_QUANTILES`, the residual
+    prior's q and 1 - q quantiles (:func:`~rpwjax.pipelines.residuals.residual_clip_range`; None for q = 0)."""
+    return [(q, residual_clip_range(edges, mass, width, q) if q > 0 else None) for q in CLIP_QUANTILES]
+
+
+def group_residual_range(edges, mass, width, centres, lo, hi, eps2, candidates=None):
     """Step 4, branch ``unbiased``, one centre group: its residual clip range and the quantile it clips at.
 
     The residuals of the group's labels lie in [lo - max m, hi - min m] (intersected with ±width). Each
-    candidate q of :data:`CLIP_QUANTILES` clips them to the residual prior's q and 1 - q quantiles inside that
-    (q = 0: not beyond it), and costs an expected label error of bias² + variance: the clipping error under
+    candidate q of :data:`CLIP_QUANTILES` (``candidates``: :func:`clip_candidates`, computed once for all
+    groups) clips them to the residual prior's q and 1 - q quantiles inside that (q = 0: not beyond it), and
+    costs an expected label error of bias² + variance: the clipping error under
     the residual prior restricted to the group's range (:func:`~rpwjax.pipelines.residuals.clipping_error`)
     plus an upper bound on the Unbiased label variance for a range that wide at ε₂ (the uniform prior's,
     scaled by the width²: :func:`uniform_unbiased_variance`). The cheapest candidate wins, the earliest
@@ -168,10 +175,9 @@ def group_residual_range(edges, mass, width, centres, lo, hi, eps2):
     variance = uniform_unbiased_variance(eps2)
     floor = 0.05 * width
     best = None
-    for q in CLIP_QUANTILES:
-        if q > 0:
-            c_lo, c_hi = residual_clip_range(edges, mass, width, q)
-            g_lo, g_hi = max(c_lo, feasible[0]), min(c_hi, feasible[1])
+    for q, quantiles in candidates or clip_candidates(edges, mass, width):
+        if quantiles is not None:
+            g_lo, g_hi = max(quantiles[0], feasible[0]), min(quantiles[1], feasible[1])
         else:
             g_lo, g_hi = feasible
         if g_hi - g_lo < floor:  # keep a usable range: widen around the middle
@@ -188,8 +194,9 @@ def _grouped_unbiased(prior, y, lo, hi, eps2, secret: Secret):
     m = prior.centres
     out = np.empty(y.size)
     fields = []
+    candidates = clip_candidates(prior.edges, prior.mass, hi - lo)
     for g, rows in centre_groups(m, GROUPS):
-        (g_lo, g_hi), q = group_residual_range(prior.edges, prior.mass, hi - lo, m[rows], lo, hi, eps2)
+        (g_lo, g_hi), q = group_residual_range(prior.edges, prior.mass, hi - lo, m[rows], lo, hi, eps2, candidates)
         fit = unbiased_residual_fit(prior.edges, prior.mass, hi - lo, eps2, residual_range=(g_lo, g_hi))
         out[rows], _ = unbiased_residual_release(fit[0], fit[1], m[rows], y[rows], secret.child("release", int(g)))
         fields.append({"group": int(g), "rows": int(rows.size), "residual_range": [g_lo, g_hi], "clip_quantile": q,
