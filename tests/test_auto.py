@@ -93,6 +93,7 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
     from rpwjax.pipelines import calibrated
 
     statistic_epsilons = spy(monkeypatch, linear_prior, "private_linear_fit", lambda a, k: float(a[4]))
+    slope_epsilons = spy(monkeypatch, auto, "private_slope", lambda a, k: float(a[4]))
     mean_epsilons = spy(monkeypatch, calibrated, "private_mean", lambda a, k: float(a[3]))
     released = []
     for module in (linear_prior, residuals, calibrated):
@@ -104,10 +105,19 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
     assert plan == auto.plan(eps, rows, design.shape[1] - 1, bound, HI - LO).to_json()
     assert plan["branch"] == branch and record["per_label_epsilon"] == eps and record["pipeline"] == "auto"
     releases = [r for seen in released for r in seen]
-    # every label leaves once, through the release path, with the plan's ε₂
+    # every label leaves once, through the release path, with the plan's ε₂ less what a calibration took
+    eps_c = record.get("calibration_epsilon", 0.0)  # absent on the calibrated branch (no linear fit)
+    assert record["mechanism_epsilon"] == pytest.approx(plan["release_epsilon"] - eps_c, abs=1e-15)
     assert sum(size for _, size in releases) == rows
     for e, _ in releases:
-        np.testing.assert_allclose(e, plan["release_epsilon"], rtol=0, atol=1e-15)
+        np.testing.assert_allclose(e, record["mechanism_epsilon"], rtol=0, atol=1e-15)
+    assert slope_epsilons == ([eps_c] if eps_c > 0 else [])
+    if branch == "denoised":
+        calibration = record["auto"]["calibration"]
+        assert calibration["epsilon"] == eps_c in (0.0, auto.CALIBRATION_SHARE * eps)
+        assert (eps_c > 0) == (calibration["signal_to_noise"] < auto.CALIBRATE_BELOW)
+    else:
+        assert eps_c == 0.0
     if branch == "calibrated":
         # half of ε₁ on the histogram, half on the mean, the rest on the release
         assert histogram_epsilons == pytest.approx([eps / 4]) and mean_epsilons == pytest.approx([eps / 4])
@@ -116,7 +126,9 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
         assert statistic_epsilons == pytest.approx([plan["statistics_epsilon"]], abs=1e-15)
         assert histogram_epsilons == pytest.approx([plan["residual_histogram_epsilon"]], abs=1e-15)
         assert mean_epsilons == []
-    total = (plan["statistics_epsilon"] + plan["residual_histogram_epsilon"] + plan["release_epsilon"])
+    total = (record.get("statistics_epsilon", 0.0) + record.get("residual_histogram_epsilon", 0.0) + eps_c
+             + record["mechanism_epsilon"]) if branch != "calibrated" else (
+        plan["statistics_epsilon"] + plan["residual_histogram_epsilon"] + plan["release_epsilon"])
     assert total == pytest.approx(eps, abs=1e-12)
     assert labels.shape == y.shape and np.all(np.isfinite(labels))
     assert record["denoised"] == (branch != "unbiased")
@@ -156,6 +168,82 @@ def test_auto_unbiased_branch_is_eps2_private_and_unbiased_for_the_clipped_resid
     # released labels are unbiased for centre + clipped residual: the mean error within 4 standard errors
     errors, variances = np.concatenate(errors), np.concatenate(variances)
     assert abs(errors.mean()) < 4 * np.sqrt(variances.sum()) / errors.size
+
+
+def test_private_slope_moves_by_at_most_one_label_and_recovers_the_slope(rng, monkeypatch):
+    """The slope's one statistic: replacing one label moves the integer sum by at most R + 1 (what its discrete
+    Laplace noise of rate ε/(R + 1) is calibrated to); with a large ε the estimate is the exact IV slope."""
+    from rpwjax.pipelines import statistics
+
+    a = rng.standard_t(3, size=3000)
+    y = np.clip(2.5 + 0.6 * a + rng.normal(size=a.size), LO, HI)
+    kappa = np.quantile(np.abs(a), statistics.SLOPE_CLIP_QUANTILE)
+    w = np.clip(a, -kappa, kappa)
+    exact = float(w @ (y - 2.5) / (w @ a))
+    got = [statistics.private_slope(a, y, LO, HI, 50.0, Secret.from_seed(s), centre=2.5) for s in range(3)]
+    assert got == pytest.approx([exact] * 3, abs=1e-3) and 0.5 < exact < 0.7
+    monkeypatch.setattr(statistics, "discrete_laplace", lambda rate, stream: 0)
+    unit = (HI - LO) * kappa / statistics.STATISTIC_RESOLUTION
+    scale = float(w @ a) / unit
+
+    def total(labels):
+        return statistics.private_slope(a, labels, LO, HI, 1.0, Secret.from_seed(0), centre=2.5) * scale
+
+    base = total(y)
+    for i in np.argsort(-np.abs(a))[:5].tolist() + [0, 1]:  # the rows of largest weight, and two others
+        for value in (LO, HI, 1.234):
+            moved = y.copy()
+            moved[i] = value
+            assert abs(total(moved) - base) <= statistics.STATISTIC_RESOLUTION + 1 + 1e-3
+    with pytest.raises(InputError, match="direction is zero"):
+        statistics.private_slope(np.zeros(a.size), y, LO, HI, 1.0, Secret.from_seed(0), centre=2.5)
+    with pytest.raises(InputError, match="centre must lie in the range"):
+        statistics.private_slope(a, y, LO, HI, 1.0, Secret.from_seed(0), centre=7.0)
+
+
+def test_calibration_pulls_a_noise_fit_towards_a_constant_and_leaves_a_good_fit_alone(rng, monkeypatch):
+    """Step 4 (denoised): where the features say nothing about the label, the private fit's signal-to-noise
+    ratio is about 0, the calibration is paid for, and the centres err less than the uncalibrated fit's;
+    where the fit is well measured, nothing is paid and the centres are the fit's."""
+    from rpwjax.pipelines.statistics import fit_signal_to_noise
+
+    x = rng.normal(size=(6000, 4))
+    y = np.clip(LO + rng.exponential(1.0, size=x.shape[0]), LO, HI)  # features independent of the label
+    design, bound = public_design(x, auto.COMPONENTS)
+    p = auto.plan(0.1, y.size, design.shape[1] - 1, bound, HI - LO)
+    assert p.branch == "denoised"
+
+    def centres_error(seed, below):
+        monkeypatch.setattr(auto, "CALIBRATE_BELOW", below)
+        prior, eps2, calibration = auto.feature_aware_prior(design, bound, y, LO, HI, p,
+                                                            Secret.from_seed(seed).for_epsilon(0.1))
+        return float(np.mean((y - prior.centres) ** 2) - y.var()), eps2, calibration  # the error a constant adds
+
+    ratios, calibrated, plain = [], [], []
+    below = auto.CALIBRATE_BELOW
+    for seed in range(8):
+        error, eps2, calibration = centres_error(seed, below)
+        ratios.append(calibration["signal_to_noise"])
+        if calibration["epsilon"] > 0:
+            assert eps2 == pytest.approx(p.release_epsilon - auto.CALIBRATION_SHARE * 0.1, abs=1e-15)
+            assert 0.0 <= calibration["slope"] <= 1.0
+            calibrated.append(error)
+            plain.append(centres_error(seed, -np.inf)[0])
+    assert abs(np.mean(ratios)) < 1.5 and len(calibrated) >= 6
+    assert np.mean(calibrated) < 0.5 * np.mean(plain)
+    # a well-measured fit: a large ratio, no calibration, the release keeps the plan's ε₂
+    x, y = _data(rng, 20_000)
+    design, bound = public_design(x, auto.COMPONENTS)
+    p = auto.plan(0.5, y.size, design.shape[1] - 1, bound, HI - LO)
+    monkeypatch.setattr(auto, "CALIBRATE_BELOW", below)
+    prior, eps2, calibration = auto.feature_aware_prior(design, bound, y, LO, HI, p, Secret.from_seed(1).for_epsilon(0.5))
+    assert p.branch == "denoised" and calibration["signal_to_noise"] > 10 * auto.CALIBRATE_BELOW
+    assert calibration == {"signal_to_noise": calibration["signal_to_noise"], "epsilon": 0.0, "slope": 1.0}
+    assert eps2 == p.release_epsilon
+    theta, _, m = linear_prior.linear_centres(design, bound, y, LO, HI, p.statistics_epsilon,
+                                              Secret.from_seed(1).for_epsilon(0.5))
+    np.testing.assert_array_equal(prior.centres, m)
+    assert fit_signal_to_noise(design, theta, HI - LO, bound, p.statistics_epsilon) == calibration["signal_to_noise"]
 
 
 def test_clipping_error_is_the_integral_under_the_histogram(rng):
@@ -234,15 +322,16 @@ def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(
     p = auto.plan(2.0, y.size, design.shape[1] - 1, bound, HI - LO)
     assert record["statistics_epsilon"] == p.statistics_epsilon
     assert histogram_epsilons == pytest.approx([p.residual_histogram_epsilon], abs=1e-15)
-    assert record["mechanism_epsilon"] == pytest.approx(p.release_epsilon, abs=1e-12)
+    eps2 = p.release_epsilon - record["calibration_epsilon"]  # auto's calibration of the fit, when it is made
+    assert record["mechanism_epsilon"] == pytest.approx(eps2, abs=1e-12)
     assert sum(size for _, size, _ in released) == y.size and len(released) == record["groups"]
     grid = np.linspace(LO, HI, 201)
     for params, _, out in released:
-        assert float(np.asarray(params.epsilon).reshape(-1)[0]) == pytest.approx(p.release_epsilon, abs=1e-12)
+        assert float(np.asarray(params.epsilon).reshape(-1)[0]) == pytest.approx(eps2, abs=1e-12)
         with jax.enable_x64(True):
             for o in out[:2]:
                 logp = np.asarray(params.log_density(jnp.full(grid.shape, o), jnp.asarray(grid)))
-                assert np.all(np.isfinite(logp)) and logp.max() - logp.min() <= p.release_epsilon + 1e-9
+                assert np.all(np.isfinite(logp)) and logp.max() - logp.min() <= eps2 + 1e-9
     assert labels.shape == y.shape and np.all(np.isfinite(labels))
     with pytest.raises(InputError, match="mechanism"):
         feature_prior.feature_prior_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(2), mechanism="laplace")

@@ -70,10 +70,10 @@ import numpy as np
 
 from rpwjax.errors import check_choice, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
-from rpwjax.pipelines.linear_prior import check_features, linear_residual_prior, release_around
+from rpwjax.pipelines.linear_prior import check_features, linear_centres, release_around, residual_prior_around
 from rpwjax.pipelines.residuals import (CENTRE_GROUPS, centre_groups, clipping_error, residual_clip_range,
                                        unbiased_residual_fit, unbiased_residual_release)
-from rpwjax.pipelines.statistics import public_design
+from rpwjax.pipelines.statistics import fit_signal_to_noise, private_slope, public_design
 from rpwjax.release_path import sidecar_fields
 
 AFFORD_RHO = 0.5  # step 1: above this relative coefficient noise at ε_s = ε/2, the features are not used
@@ -83,6 +83,8 @@ STATS_SHARE = (0.05, 0.1)  # ... held within these shares of ε
 HISTOGRAM_SHARE = 0.05  # step 3 (unbiased): ε₁/ε
 GROUPS = CENTRE_GROUPS  # step 4 (unbiased): centre groups, each with its own residual range
 CLIP_QUANTILES = (0.02, 0.01, 0.005, 0.002, 0.001, 0.0)  # step 4 (unbiased): the candidate clips of a group
+CALIBRATE_BELOW = 4.0  # step 4 (denoised): below this signal-to-noise of the linear fit, its slope is calibrated
+CALIBRATION_SHARE = 0.1  # ... with this share of ε, taken from the release
 LEVELS = 1024  # step 4 (denoised): centres rounded to 1025 public levels across the range (one interval search each)
 COMPONENTS = 8
 RESIDUAL_BINS = 32
@@ -189,6 +191,37 @@ def group_residual_range(edges, mass, width, centres, lo, hi, eps2, candidates=N
     return best[2], best[1]
 
 
+def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret):
+    """Step 4's first releases, the feature-aware prior: ``(prior, ε₂, calibration)``.
+
+    The ε_s-DP linear fit gives centres m(x) (clipped to the range). On the ``denoised`` branch, whose labels
+    lean on the centres, the fit's signal-to-noise ratio is read off the released fit
+    (:func:`~rpwjax.pipelines.statistics.fit_signal_to_noise`, post-processing); below
+    :data:`CALIBRATE_BELOW` the fit may be mostly noise, and ε_c = :data:`CALIBRATION_SHARE`·ε moves from the
+    release to an ε_c-DP slope α of the labels on the centred centres m - m̄
+    (:func:`~rpwjax.pipelines.statistics.private_slope`); the centres become m̄ + α(m - m̄), α clipped to
+    [0, 1]: the fit kept where it predicts, pulled to a constant where it does not. Then the ε₁-DP residual
+    histogram around the centres. ``calibration`` (None off the denoised branch) records the ratio, ε_c and α;
+    ε₂ = ε - ε_s - ε₁ - ε_c is what the release gets."""
+    theta, _, m = linear_centres(design, bound, y, lo, hi, p.statistics_epsilon, secret)
+    eps2 = p.release_epsilon
+    calibration = None
+    if p.branch == "denoised":
+        snr = fit_signal_to_noise(design, theta, hi - lo, bound, p.statistics_epsilon)
+        calibration = {"signal_to_noise": snr, "epsilon": 0.0, "slope": 1.0}
+        mean = float(np.mean(m))
+        if snr < CALIBRATE_BELOW and np.ptp(m) > 0:
+            eps_c = CALIBRATION_SHARE * p.epsilon
+            raw = private_slope(m - mean, y, lo, hi, eps_c, secret.child("calibration"), centre=mean)
+            alpha = float(np.clip(raw, 0.0, 1.0))
+            m = mean + alpha * (m - mean)
+            eps2 = p.release_epsilon - eps_c
+            calibration.update(epsilon=eps_c, slope=alpha)
+    prior = residual_prior_around(m, design, bound, y, lo, hi, p.residual_histogram_epsilon, secret,
+                                  residual_bins=RESIDUAL_BINS)
+    return prior, eps2, calibration
+
+
 def _grouped_unbiased(prior, y, lo, hi, eps2, secret: Secret):
     """Step 4, branch ``unbiased``: per centre group, residuals clipped to the group's range, one release each."""
     m = prior.centres
@@ -225,16 +258,17 @@ def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int 
                                           prior_fraction=CALIBRATED_PRIOR_FRACTION, bins=bins)
         return out, {**record, "pipeline": "auto", "per_label_epsilon": eps, "denoised": True, "auto": trace}
     s = secret.child("auto-linear").for_epsilon(eps)
-    prior = linear_residual_prior(design, bound, y, lo, hi, p.statistics_epsilon, p.residual_histogram_epsilon, s,
-                                  residual_bins=RESIDUAL_BINS)
+    prior, eps2, calibration = feature_aware_prior(design, bound, y, lo, hi, p, s)
+    trace["calibration"] = calibration
     if p.branch == "unbiased":
-        out, fields = _grouped_unbiased(prior, y, lo, hi, p.release_epsilon, s)
+        out, fields = _grouped_unbiased(prior, y, lo, hi, eps2, s)
         mechanism = "unbiased"
     else:
-        out, fields = release_around(prior, y, lo, hi, p.release_epsilon, s, "rpwithprior", levels=LEVELS)
+        out, fields = release_around(prior, y, lo, hi, eps2, s, "rpwithprior", levels=LEVELS)
         mechanism = "rpwithprior"
     record = {"pipeline": "auto", "epsilon": eps, "rows": int(y.size),
               "statistics_epsilon": p.statistics_epsilon, "residual_histogram_epsilon": p.residual_histogram_epsilon,
-              "mechanism": mechanism, "mechanism_epsilon": p.release_epsilon, "components": prior.components,
+              "calibration_epsilon": calibration["epsilon"] if calibration else 0.0,
+              "mechanism": mechanism, "mechanism_epsilon": eps2, "components": prior.components,
               "l1_bound": prior.l1_bound, "per_label_epsilon": eps, **fields, "auto": trace}
     return out, record

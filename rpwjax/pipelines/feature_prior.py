@@ -5,7 +5,8 @@ a private linear model and a residual histogram around it. To measure how
 much of its advantage is that side information, :func:`feature_prior_labels`
 gives it to RR-on-Bins or Unbiased: the same plan and the same two releases
 (ε_s for the linear fit, ε₁ for the residual histogram; identical budget
-split, :func:`rpwjax.pipelines.auto.plan`), then the mechanism fitted with
+split, :func:`rpwjax.pipelines.auto.plan`, and the same calibration of the fit,
+:func:`rpwjax.pipelines.auto.feature_aware_prior`), then the mechanism fitted with
 ε₂ to the rows' priors. A mechanism fit per row is an LP (Unbiased) or a
 partition search (RR-on-Bins) per row, so rows are grouped by their centre
 m(x) into auto's public quantile groups (:func:`~rpwjax.pipelines.residuals.centre_groups`) (a function of the released
@@ -13,7 +14,7 @@ model and the public features) and each group gets the mechanism fitted to
 the residual prior shifted to the group's median centre, restricted to the
 range (with a 1e-6 share of the uniform density, so that no part of the
 range has zero mass; 1e-2 when the solver fails on the first). Each label is released once, by its group's
-parameters: ε_s + ε₁ + ε₂ = ε.
+parameters: ε_s + ε₁ + ε_c + ε₂ = ε (ε_c = 0 unless the fit is calibrated).
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, m
     check_secret(secret)
     design, bound = public_design(x, auto.COMPONENTS)
     p = auto.plan(eps, y.size, design.shape[1] - 1, bound, hi - lo)
+    s = secret.child(f"feature-prior-{mechanism}").for_epsilon(eps)
+    calibration = None
     if p.branch == "calibrated":  # auto would not use the features here: neither does the comparison
         eps_s, eps1 = 0.05 * eps, auto.CALIBRATED_PRIOR_FRACTION * eps
-    else:
+        eps2 = eps - eps_s - eps1
+        prior = linear_residual_prior(design, bound, y, lo, hi, eps_s, eps1, s, residual_bins=auto.RESIDUAL_BINS)
+    else:  # auto's own prior, its calibration step included
         eps_s, eps1 = p.statistics_epsilon, p.residual_histogram_epsilon
-    eps2 = eps - eps_s - eps1
-    s = secret.child(f"feature-prior-{mechanism}").for_epsilon(eps)
-    prior = linear_residual_prior(design, bound, y, lo, hi, eps_s, eps1, s, residual_bins=auto.RESIDUAL_BINS)
+        prior, eps2, calibration = auto.feature_aware_prior(design, bound, y, lo, hi, p, s)
     out = np.empty(y.size)
     fields = []
     fit = entry(mechanism).fit
@@ -75,7 +78,8 @@ def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, m
         out[rows] = release(params, s.child("release", int(g)), y[rows])
         fields.append({"group": int(g), "rows": int(rows.size), **sidecar_fields(params)})
     record = {"pipeline": f"{mechanism}+feature-prior", "epsilon": eps, "rows": int(y.size),
-              "statistics_epsilon": eps_s, "residual_histogram_epsilon": eps1, "mechanism": mechanism,
+              "statistics_epsilon": eps_s, "residual_histogram_epsilon": eps1,
+              "calibration_epsilon": calibration["epsilon"] if calibration else 0.0, "mechanism": mechanism,
               "mechanism_epsilon": eps2, "groups": len(fields), "per_label_epsilon": eps, "denoised": False,
               "release": fields}
     return out, record

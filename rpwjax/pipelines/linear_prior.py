@@ -45,11 +45,23 @@ def linear_residual_prior(design, bound, labels, lo, hi, eps_s, eps1, secret: Se
                           residual_bins: int = 32) -> LinearResidualPrior:
     """Releases 1 and 2: the ε_s-DP linear fit (child secret "statistics") and the ε₁-DP residual histogram
     around it (child secret "residual-histogram"). ``secret`` is the pipeline's per-ε secret."""
+    _, _, m = linear_centres(design, bound, labels, lo, hi, eps_s, secret)
+    return residual_prior_around(m, design, bound, labels, lo, hi, eps1, secret, residual_bins=residual_bins)
+
+
+def linear_centres(design, bound, labels, lo, hi, eps_s, secret: Secret):
+    """Release 1: the ε_s-DP linear fit (child secret "statistics" of the pipeline's per-ε ``secret``):
+    ``(θ, c, m)`` with the centres m = design·θ + c clipped to [lo, hi]."""
     theta, centre = private_linear_fit(design, labels, lo, hi, eps_s, secret.child("statistics"), bound=bound)
-    m = np.clip(design @ theta + centre, lo, hi)
-    edges, mass = residual_histogram(labels - m, hi - lo, eps1, bins=residual_bins,
+    return theta, centre, np.clip(design @ theta + centre, lo, hi)
+
+
+def residual_prior_around(centres, design, bound, labels, lo, hi, eps1, secret: Secret, *,
+                          residual_bins: int = 32) -> LinearResidualPrior:
+    """Release 2: the ε₁-DP histogram of the residuals y - m (child secret "residual-histogram")."""
+    edges, mass = residual_histogram(labels - centres, hi - lo, eps1, bins=residual_bins,
                                      secret=secret.child("residual-histogram"))
-    return LinearResidualPrior(m, edges, mass, int(design.shape[1] - 1), float(bound))
+    return LinearResidualPrior(centres, edges, mass, int(design.shape[1] - 1), float(bound))
 
 
 def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Secret, stage2: str, *,

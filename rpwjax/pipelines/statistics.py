@@ -80,7 +80,65 @@ def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound
     rate = Fraction(eps) / (STATISTIC_RESOLUTION + d)
     stream = BitStream(secret, "statistics")
     noisy = terms.sum(axis=0) + np.array([discrete_laplace(rate, stream) for _ in range(d)], np.int64)
-    b = (hi - lo) * bound / eps * (1 + d / STATISTIC_RESOLUTION)
-    ridge = 2 * b**2 / (((hi - lo) / 4) ** 2 * y.size)
+    scale, ridge = _fit_noise(d, y.size, hi - lo, bound, eps)
     gram = design.T @ design + ridge * np.eye(d)
     return np.linalg.solve(gram, noisy.astype(np.float64) * unit), centre
+
+
+def _fit_noise(d: int, rows: int, width: float, bound: float, eps: float):
+    """The linear fit's noise scale b per coordinate of Xᵀ(y - c) (variance about 2b²) and its ridge λ."""
+    b = width * bound / eps * (1 + d / STATISTIC_RESOLUTION)
+    return b, 2 * b**2 / ((width / 4) ** 2 * rows)
+
+
+def fit_signal_to_noise(design, theta, width: float, bound: float, epsilon: float) -> float:
+    """How far the ε-DP linear fit's predictions stand above its own noise: (‖X̄θ‖² - N)/N, X̄ the design with
+    its columns centred and N = 2b²·tr(G⁻¹X̄ᵀX̄G⁻¹) the expected energy the fit's noise alone puts into the
+    centred predictions (G = XᵀX + λI, b and λ of :func:`private_linear_fit`).
+
+    An estimate of the signal's energy over the noise's: about 0 when the features say nothing about the
+    label, large when the fit is well measured. A function of the released θ and public numbers only
+    (post-processing): it reads no label."""
+    design = np.asarray(design, np.float64)
+    rows, d = design.shape
+    b, ridge = _fit_noise(d, rows, float(width), float(bound), float(epsilon))
+    centred = design - design.mean(axis=0)
+    inverse = np.linalg.inv(design.T @ design + ridge * np.eye(d))
+    spread = inverse @ (centred.T @ centred) @ inverse
+    noise = 2 * b**2 * float(np.trace(spread))
+    predictions = centred @ np.asarray(theta, np.float64)
+    return float((predictions @ predictions - noise) / noise)
+
+
+SLOPE_CLIP_QUANTILE = 0.95  # the slope's weights are the direction clipped at this quantile of its magnitudes
+
+
+def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre: float) -> float:
+    """ε-DP slope α of the labels on a public direction a (one number per row): y ≈ centre + α·a.
+
+    Only Σ w_i (y_i - centre) reads the labels, with public weights w = a clipped to ±κ (κ the
+    :data:`SLOPE_CLIP_QUANTILE` quantile of |a|; the clip bounds the sensitivity): replacing one label moves
+    it by at most κ·(hi - lo). Exact integer noise as in :func:`private_linear_fit`: every term is
+    rounded to a multiple of κ·(hi - lo)/R, so one label moves the integer sum by at most R + 1, and
+    discrete Laplace noise of rate ε/(R + 1) makes it ε-DP. Returns the instrumental-variable estimate
+    (noisy Σ w (y - centre))/Σ w·a, unclipped. ``centre`` must lie in [lo, hi]; a has to be nonzero
+    somewhere (the caller has nothing to calibrate otherwise)."""
+    eps = float(check_epsilon(epsilon))
+    lo, hi = check_range(lo, hi)
+    check_secret(secret)
+    y = check_labels(labels, lo, hi)
+    a = np.asarray(direction, np.float64)
+    if a.shape != y.shape or not np.all(np.isfinite(a)):
+        raise InputError(f"direction must be finite with one value per label, got shape {a.shape}")
+    if not lo <= centre <= hi:
+        raise InputError(f"centre must lie in the range [{lo}, {hi}], got centre={centre!r}")
+    kappa = float(np.quantile(np.abs(a), SLOPE_CLIP_QUANTILE))
+    if not kappa > 0:
+        kappa = float(np.max(np.abs(a)))
+    if not kappa > 0:
+        raise InputError("direction is zero on every row: there is no slope to estimate")
+    w = np.clip(a, -kappa, kappa)
+    unit = (hi - lo) * kappa / STATISTIC_RESOLUTION
+    total = int(np.rint(w * (y - centre) / unit).astype(np.int64).sum())
+    total += discrete_laplace(Fraction(eps) / (STATISTIC_RESOLUTION + 1), BitStream(secret, "slope"))
+    return float(total * unit / float(w @ a))
