@@ -244,6 +244,10 @@ def test_calibration_pulls_a_noise_fit_towards_a_constant_and_leaves_a_good_fit_
                                               Secret.from_seed(1).for_epsilon(0.5))
     np.testing.assert_array_equal(prior.centres, m)
     assert fit_signal_to_noise(design, theta, HI - LO, bound, p.statistics_epsilon) == calibration["signal_to_noise"]
+    # features that never vary: the centres are a constant, there is nothing to calibrate and nothing is paid
+    _, record = auto.auto_labels(np.ones((y.size, 2)), y, LO, HI, 0.3, secret=Secret.from_seed(4))
+    assert record["auto"]["plan"]["branch"] == "denoised"
+    assert record["auto"]["calibration"] == {"signal_to_noise": None, "epsilon": 0.0, "slope": 1.0}
 
 
 def test_clipping_error_is_the_integral_under_the_histogram(rng):

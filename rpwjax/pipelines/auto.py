@@ -31,7 +31,14 @@ release and never looks at any model's error.
    gets ε₂ = ε - ε_s - ε₁.
 4. **Releases** (private statistics, then post-processing). The linear fit
    (ε_s) gives centres m(x), clipped to the range; the residual histogram
-   (ε₁) the residual prior around them. ``denoised``: RPWithPrior with a
+   (ε₁) the residual prior around them. ``denoised`` only, before the
+   histogram: the labels lean on the centres, so a fit that is mostly noise
+   is calibrated. Its signal-to-noise ratio (the centred predictions' energy
+   over the energy the fit's known noise puts there, less one; a function of
+   the released fit) below :data:`CALIBRATE_BELOW` moves
+   ε_c = :data:`CALIBRATION_SHARE`·ε from the release to an ε_c-DP slope α of
+   the labels on the centred centres, and the centres become m̄ + α(m - m̄),
+   α clipped to [0, 1] (:func:`feature_aware_prior`). ``denoised``: RPWithPrior with a
    per-row exact interval under the row's prior (centres rounded to
    :data:`LEVELS` + 1 public levels first), posterior mean
    (:func:`~rpwjax.pipelines.linear_prior.release_around`). ``unbiased``:
@@ -48,7 +55,9 @@ release and never looks at any model's error.
 
 The constants were fixed from validation runs that never read a test row
 (the training rows of the bundled data sets split again), before the sweep
-that judges ``auto`` (plots/auto/). The sidecar records the plan, every
+that judges ``auto`` (plots/auto/). The calibration's (4 and 0.1) came from
+the fit's error against the training labels it was fitted to and from the
+validation folds (docs/beyond-the-paper.md, section 5). The sidecar records the plan, every
 quantity the rule read and every ε spent (``record["auto"]``).
 
 **Validating step 2.** ``branch="denoised"`` or ``"unbiased"`` fixes the
@@ -208,7 +217,7 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret):
     calibration = None
     if p.branch == "denoised":
         snr = fit_signal_to_noise(design, theta, hi - lo, bound, p.statistics_epsilon)
-        calibration = {"signal_to_noise": snr, "epsilon": 0.0, "slope": 1.0}
+        calibration = {"signal_to_noise": snr if math.isfinite(snr) else None, "epsilon": 0.0, "slope": 1.0}
         mean = float(np.mean(m))
         if snr < CALIBRATE_BELOW and np.ptp(m) > 0:
             eps_c = CALIBRATION_SHARE * p.epsilon

@@ -3,6 +3,7 @@ integer noise (rounded to public levels, then discrete Laplace), and the public 
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -80,7 +81,7 @@ def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound
     rate = Fraction(eps) / (STATISTIC_RESOLUTION + d)
     stream = BitStream(secret, "statistics")
     noisy = terms.sum(axis=0) + np.array([discrete_laplace(rate, stream) for _ in range(d)], np.int64)
-    scale, ridge = _fit_noise(d, y.size, hi - lo, bound, eps)
+    _, ridge = _fit_noise(d, y.size, hi - lo, bound, eps)
     gram = design.T @ design + ridge * np.eye(d)
     return np.linalg.solve(gram, noisy.astype(np.float64) * unit), centre
 
@@ -97,8 +98,9 @@ def fit_signal_to_noise(design, theta, width: float, bound: float, epsilon: floa
     centred predictions (G = XᵀX + λI, b and λ of :func:`private_linear_fit`).
 
     An estimate of the signal's energy over the noise's: about 0 when the features say nothing about the
-    label, large when the fit is well measured. A function of the released θ and public numbers only
-    (post-processing): it reads no label."""
+    label, large when the fit is well measured; infinite when the design has no column that varies (the
+    predictions are a constant, there is nothing to weigh). A function of the released θ and public numbers
+    only (post-processing): it reads no label."""
     design = np.asarray(design, np.float64)
     rows, d = design.shape
     b, ridge = _fit_noise(d, rows, float(width), float(bound), float(epsilon))
@@ -106,6 +108,8 @@ def fit_signal_to_noise(design, theta, width: float, bound: float, epsilon: floa
     inverse = np.linalg.inv(design.T @ design + ridge * np.eye(d))
     spread = inverse @ (centred.T @ centred) @ inverse
     noise = 2 * b**2 * float(np.trace(spread))
+    if not noise > 0:
+        return math.inf
     predictions = centred @ np.asarray(theta, np.float64)
     return float((predictions @ predictions - noise) / noise)
 
