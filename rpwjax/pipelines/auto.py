@@ -56,8 +56,8 @@ release and never looks at any model's error.
 The constants were fixed from validation runs that never read a test row
 (the training rows of the bundled data sets split again), before the sweep
 that judges ``auto`` (plots/auto/). The calibration's (4 and 0.1) came from
-the fit's error against the training labels it was fitted to and from the
-validation folds (docs/beyond-the-paper.md, section 5). The sidecar records the plan, every
+the fit's error against the training labels it was fitted to, and were then
+checked on validation folds (docs/beyond-the-paper.md, section 5). The sidecar records the plan, every
 quantity the rule read and every ε spent (``record["auto"]``).
 
 **Validating step 2.** ``branch="denoised"`` or ``"unbiased"`` fixes the
