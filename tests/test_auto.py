@@ -240,7 +240,7 @@ def test_calibration_pulls_a_noise_fit_towards_a_constant_and_leaves_a_good_fit_
     assert p.branch == "denoised" and calibration["signal_to_noise"] > 10 * auto.CALIBRATE_BELOW
     assert calibration == {"signal_to_noise": calibration["signal_to_noise"], "epsilon": 0.0, "slope": 1.0}
     assert eps2 == p.release_epsilon
-    theta, _, m = linear_prior.linear_centres(design, bound, y, LO, HI, p.statistics_epsilon,
+    theta, m = linear_prior.linear_centres(design, bound, y, LO, HI, p.statistics_epsilon,
                                               Secret.from_seed(1).for_epsilon(0.5))
     np.testing.assert_array_equal(prior.centres, m)
     assert fit_signal_to_noise(design, theta, HI - LO, bound, p.statistics_epsilon) == calibration["signal_to_noise"]

@@ -212,7 +212,7 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret):
     [0, 1]: the fit kept where it predicts, pulled to a constant where it does not. Then the ε₁-DP residual
     histogram around the centres. ``calibration`` (None off the denoised branch) records the ratio, ε_c and α;
     ε₂ = ε - ε_s - ε₁ - ε_c is what the release gets."""
-    theta, _, m = linear_centres(design, bound, y, lo, hi, p.statistics_epsilon, secret)
+    theta, m = linear_centres(design, bound, y, lo, hi, p.statistics_epsilon, secret)
     eps2 = p.release_epsilon
     calibration = None
     if p.branch == "denoised":

@@ -45,15 +45,15 @@ def linear_residual_prior(design, bound, labels, lo, hi, eps_s, eps1, secret: Se
                           residual_bins: int = 32) -> LinearResidualPrior:
     """Releases 1 and 2: the ε_s-DP linear fit (child secret "statistics") and the ε₁-DP residual histogram
     around it (child secret "residual-histogram"). ``secret`` is the pipeline's per-ε secret."""
-    _, _, m = linear_centres(design, bound, labels, lo, hi, eps_s, secret)
+    _, m = linear_centres(design, bound, labels, lo, hi, eps_s, secret)
     return residual_prior_around(m, design, bound, labels, lo, hi, eps1, secret, residual_bins=residual_bins)
 
 
 def linear_centres(design, bound, labels, lo, hi, eps_s, secret: Secret):
     """Release 1: the ε_s-DP linear fit (child secret "statistics" of the pipeline's per-ε ``secret``):
-    ``(θ, c, m)`` with the centres m = design·θ + c clipped to [lo, hi]."""
+    ``(θ, m)`` with the centres m = design·θ + c clipped to [lo, hi] (c the range's midpoint)."""
     theta, centre = private_linear_fit(design, labels, lo, hi, eps_s, secret.child("statistics"), bound=bound)
-    return theta, centre, np.clip(design @ theta + centre, lo, hi)
+    return theta, np.clip(design @ theta + centre, lo, hi)
 
 
 def residual_prior_around(centres, design, bound, labels, lo, hi, eps1, secret: Secret, *,

@@ -76,14 +76,22 @@ def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound
         raise InputError(f"every design row must have L1 norm <= bound={bound!r}, got {float(norms.max())!r}")
     centre = 0.5 * (lo + hi)
     unit = (hi - lo) * bound / STATISTIC_RESOLUTION
-    terms = np.rint(design * (y - centre)[:, None] / unit).astype(np.int64)
+    noisy = _noisy_sums(design, y, centre, unit, eps, BitStream(secret, "statistics"))
     d = design.shape[1]
-    rate = Fraction(eps) / (STATISTIC_RESOLUTION + d)
-    stream = BitStream(secret, "statistics")
-    noisy = terms.sum(axis=0) + np.array([discrete_laplace(rate, stream) for _ in range(d)], np.int64)
     _, ridge = _fit_noise(d, y.size, hi - lo, bound, eps)
     gram = design.T @ design + ridge * np.eye(d)
     return np.linalg.solve(gram, noisy.astype(np.float64) * unit), centre
+
+
+def _noisy_sums(weights, y, centre, unit, eps, stream):
+    """ε-DP integer sums Σ_i w_ij (y_i - centre), one per column j of ``weights`` (n, d): every term rounded to a
+    multiple of ``unit``, which the caller picks so that one label moves a column's unrounded sum by at most
+    R·unit in L1 over the columns (R = :data:`STATISTIC_RESOLUTION`); rounding adds at most 1 per column, so
+    discrete Laplace noise of rate ε/(R + d) per column makes the d sums ε-DP."""
+    terms = np.rint(weights * (y - centre)[:, None] / unit).astype(np.int64)
+    d = weights.shape[1]
+    rate = Fraction(eps) / (STATISTIC_RESOLUTION + d)
+    return terms.sum(axis=0) + np.array([discrete_laplace(rate, stream) for _ in range(d)], np.int64)
 
 
 def _fit_noise(d: int, rows: int, width: float, bound: float, eps: float):
@@ -122,9 +130,9 @@ def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre:
 
     Only Σ w_i (y_i - centre) reads the labels, with public weights w = a clipped to ±κ (κ the
     :data:`SLOPE_CLIP_QUANTILE` quantile of |a|; the clip bounds the sensitivity): replacing one label moves
-    it by at most κ·(hi - lo). Exact integer noise as in :func:`private_linear_fit`: every term is
-    rounded to a multiple of κ·(hi - lo)/R, so one label moves the integer sum by at most R + 1, and
-    discrete Laplace noise of rate ε/(R + 1) makes it ε-DP. Returns the instrumental-variable estimate
+    it by at most κ·(hi - lo). Exact integer noise as in :func:`private_linear_fit` (the same integer sums):
+    every term is rounded to a multiple of κ·(hi - lo)/R, so one label moves the integer sum by at most
+    R + 1, and discrete Laplace noise of rate ε/(R + 1) makes it ε-DP. Returns the instrumental-variable estimate
     (noisy Σ w (y - centre))/Σ w·a, unclipped. ``centre`` must lie in [lo, hi]; a has to be nonzero
     somewhere (the caller has nothing to calibrate otherwise)."""
     eps = float(check_epsilon(epsilon))
@@ -143,6 +151,5 @@ def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre:
         raise InputError("direction is zero on every row: there is no slope to estimate")
     w = np.clip(a, -kappa, kappa)
     unit = (hi - lo) * kappa / STATISTIC_RESOLUTION
-    total = int(np.rint(w * (y - centre) / unit).astype(np.int64).sum())
-    total += discrete_laplace(Fraction(eps) / (STATISTIC_RESOLUTION + 1), BitStream(secret, "slope"))
+    total = int(_noisy_sums(w[:, None], y, centre, unit, eps, BitStream(secret, "slope"))[0])
     return float(total * unit / float(w @ a))
