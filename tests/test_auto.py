@@ -87,6 +87,39 @@ def test_a_forced_branch_fixes_step_2_only():
     assert record["mechanism"] == "unbiased" and labels.shape == y.shape
 
 
+def test_step_1_affords_as_many_components_as_the_fit_can_pay_for(rng):
+    """Step 1's design: the most principal components (up to COMPONENTS) whose fit is affordable at ε/2, each
+    count with its own L1 bound; more ε never buys fewer; none affordable keeps COMPONENTS (branch calibrated)."""
+    from rpwjax.pipelines.statistics import bounded_design, principal_scores
+
+    x = rng.normal(size=(1600, 12)) @ rng.normal(size=(12, 12))
+    counts = []
+    for eps in (0.01, 0.03, 0.05, 0.1, 0.2, 0.4, 2.0):
+        design, bound = auto.afforded_design(x, eps)
+        k = design.shape[1] - 1
+        counts.append(k)
+        expected, expected_bound = public_design(x, k)  # the first k components, bounded
+        np.testing.assert_allclose(design, expected, rtol=1e-12, atol=1e-12)
+        assert bound == pytest.approx(expected_bound, rel=1e-12)
+        rho = auto.relative_coefficient_noise(x.shape[0], k, bound, eps / 2)
+        if rho <= auto.AFFORD_RHO:
+            if k < auto.COMPONENTS:  # one more component would not be affordable
+                _, wider = bounded_design(principal_scores(x, k + 1))
+                assert auto.relative_coefficient_noise(x.shape[0], k + 1, wider, eps / 2) > auto.AFFORD_RHO
+            assert auto.plan(eps, x.shape[0], k, bound, 1.0).branch != "calibrated"
+        else:  # not even one component: the full design, and step 1 sends the data to the calibrated branch
+            assert k == auto.COMPONENTS and all(
+                auto.relative_coefficient_noise(x.shape[0], j, bounded_design(principal_scores(x, j))[1], eps / 2)
+                > auto.AFFORD_RHO for j in range(1, auto.COMPONENTS + 1))
+            assert auto.plan(eps, x.shape[0], k, bound, 1.0).branch == "calibrated"
+    assert counts[0] == auto.COMPONENTS and counts[-1] == auto.COMPONENTS  # none affordable; all affordable
+    assert counts[1:] == sorted(counts[1:]) and len(set(counts[1:-1]) - {auto.COMPONENTS}) >= 2
+    # auto records the count it used
+    y = np.clip(1.0 + 0.2 * (x[:, 0] - x[:, 0].mean()) / x[:, 0].std() + 0.3 * rng.normal(size=1600), LO, HI)
+    _, record = auto.auto_labels(x, y, LO, HI, 0.05, secret=Secret.from_seed(2))
+    assert record["auto"]["plan"]["components"] == counts[2] < auto.COMPONENTS
+
+
 @pytest.mark.parametrize("rows, eps, branch", slow_unless(
     [(400, 0.05, "calibrated"), (1500, 0.5, "denoised"), (6000, 4.0, "unbiased")], fast=[(1500, 0.5, "denoised")]))
 def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng, monkeypatch, histogram_epsilons):
@@ -101,7 +134,7 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
     x, y = _data(rng, rows)
     labels, record = auto.auto_labels(x, y, LO, HI, eps, secret=Secret.from_seed(11))
     plan = record["auto"]["plan"]
-    design, bound = public_design(x, auto.COMPONENTS)
+    design, bound = auto.afforded_design(x, eps)
     assert plan == auto.plan(eps, rows, design.shape[1] - 1, bound, HI - LO).to_json()
     assert plan["branch"] == branch and record["per_label_epsilon"] == eps and record["pipeline"] == "auto"
     releases = [r for seen in released for r in seen]
@@ -322,7 +355,7 @@ def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(
     monkeypatch.setattr(feature_prior, "release", recording)
     x, y = _data(rng, 4000)
     labels, record = pipeline(f"{mechanism}+feature-prior").run(x, y, LO, HI, 2.0, secret=Secret.from_seed(2))
-    design, bound = public_design(x, auto.COMPONENTS)
+    design, bound = auto.afforded_design(x, 2.0)
     p = auto.plan(2.0, y.size, design.shape[1] - 1, bound, HI - LO)
     assert record["statistics_epsilon"] == p.statistics_epsilon
     assert histogram_epsilons == pytest.approx([p.residual_histogram_epsilon], abs=1e-15)

@@ -309,10 +309,12 @@ def auto_table(out) -> list[dict]:
 def auto_plans(split, epsilons) -> dict:
     """The auto rule's plan for each ε on a split's training rows (public numbers only)."""
     from rpwjax.pipelines import auto
-    from rpwjax.pipelines.statistics import public_design
 
-    design, bound = public_design(split.x_train, auto.COMPONENTS)
-    return {e: auto.plan(e, split.y_train.size, design.shape[1] - 1, bound, split.hi - split.lo) for e in epsilons}
+    plans = {}
+    for e in epsilons:
+        design, bound = auto.afforded_design(split.x_train, e)
+        plans[e] = auto.plan(e, split.y_train.size, design.shape[1] - 1, bound, split.hi - split.lo)
+    return plans
 
 
 def auto_branches(dataset: str, epsilons) -> dict:

@@ -26,7 +26,6 @@ from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms import entry
 from rpwjax.pipelines.linear_prior import check_features, linear_residual_prior
 from rpwjax.pipelines.residuals import centre_groups, shifted_priors
-from rpwjax.pipelines.statistics import public_design
 from rpwjax.priors import Prior
 from rpwjax.release_path import release, sidecar_fields
 
@@ -46,7 +45,7 @@ def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, m
     y = check_labels(labels, lo, hi)
     x = check_features(features, y)
     check_secret(secret)
-    design, bound = public_design(x, auto.COMPONENTS)
+    design, bound = auto.afforded_design(x, eps)
     p = auto.plan(eps, y.size, design.shape[1] - 1, bound, hi - lo)
     s = secret.child(f"feature-prior-{mechanism}").for_epsilon(eps)
     calibration = None

@@ -35,15 +35,28 @@ def private_mean(labels, lo, hi, epsilon, secret: Secret) -> float:
 
 def public_design(features, components: int = 8):
     """Public transform of the features: top principal components scaled to unit variance, an intercept, and
-    every row's L1 norm clipped to the 95th percentile of the norms (features are public under label-DP)."""
+    every row's L1 norm clipped to the 95th percentile of the norms (features are public under label-DP).
+    ``(design, bound)``: :func:`bounded_design` of :func:`principal_scores`."""
+    return bounded_design(principal_scores(features, components))
+
+
+def principal_scores(features, components: int = 8):
+    """The features' top ``components`` principal component scores (columns centred), each scaled to unit
+    variance (a constant score is left at zero): (n, k), k = min(components, number of columns)."""
     x = np.asarray(features, np.float64)
     x = x - x.mean(axis=0)
     k = int(min(components, x.shape[1]))
     _, s, vt = np.linalg.svd(x, full_matrices=False)
     z = x @ vt[:k].T
     scale = z.std(axis=0)
-    z = z / np.where(scale > 0, scale, 1.0)
-    design = np.concatenate([np.ones((x.shape[0], 1)), z], axis=1)
+    return z / np.where(scale > 0, scale, 1.0)
+
+
+def bounded_design(scores):
+    """An intercept and the ``scores``, every row's L1 norm clipped to the 95th percentile of the norms:
+    ``(design, bound)``, bound that percentile (the public L1 bound of the private fits' sensitivity)."""
+    z = np.asarray(scores, np.float64)
+    design = np.concatenate([np.ones((z.shape[0], 1)), z], axis=1)
     norms = np.abs(design).sum(axis=1)
     bound = float(np.quantile(norms, 0.95))
     design = design * np.minimum(1.0, bound / norms)[:, None]
