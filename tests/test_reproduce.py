@@ -131,6 +131,25 @@ def test_the_committed_validation_folds_are_complete_and_their_table_current():
     assert (root / "auto" / "validation.md").read_text() == text + "\n"
 
 
+def test_the_readme_quotes_the_committed_auto_table_and_benchmark_run():
+    """The README's auto table is ``plots/auto/target.md`` as the committed sweeps and the current rule give it
+    (the branch column is the rule's plan), and its benchmark table is the committed run's targets."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    text = reproduce.format_auto_table(reproduce.auto_table(root / "plots"))
+    assert (root / "plots" / "auto" / "target.md").read_text() == text + "\n"
+    assert text in readme
+    run = json.loads((root / "benchmarks" / "results" / "cpu" / "results.json").read_text())
+    assert run["errors"] == [] and run["targets"]
+    for target in run["targets"].values():
+        row = (f"| {target['description']} | {target['value']:.4g} | {target['op']} {target['threshold']:g} | "
+               f"{'yes' if target['met'] else 'no'} |")
+        assert row in readme, row
+
+
 @pytest.mark.slow
 def test_run_jobs_runs_each_job_in_its_own_process_and_logs_it(tmp_path, monkeypatch):
     tiny = reproduce.Job("tiny", "tiny", ("--dataset", "crime", "--mechanisms", "laplace", "--epsilon", "1",
