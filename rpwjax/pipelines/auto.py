@@ -141,12 +141,13 @@ def afforded_design(features, epsilon: float):
     be afforded, the design with :data:`COMPONENTS` (step 1 then sends the data to ``calibrated``). Public
     features, ε and n only."""
     scores = principal_scores(features, COMPONENTS)
-    rows = scores.shape[0]
-    for k in range(scores.shape[1], 0, -1):
-        design, bound = bounded_design(scores[:, :k])
+    rows, most = scores.shape
+    full = bounded_design(scores)
+    for k in range(most, 0, -1):
+        design, bound = full if k == most else bounded_design(scores[:, :k])
         if relative_coefficient_noise(rows, k, bound, float(epsilon) / 2) <= AFFORD_RHO:
             return design, bound
-    return bounded_design(scores)
+    return full
 
 
 @functools.lru_cache(maxsize=256)

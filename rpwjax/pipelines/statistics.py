@@ -46,7 +46,7 @@ def principal_scores(features, components: int = 8):
     x = np.asarray(features, np.float64)
     x = x - x.mean(axis=0)
     k = int(min(components, x.shape[1]))
-    _, s, vt = np.linalg.svd(x, full_matrices=False)
+    vt = np.linalg.svd(x, full_matrices=False)[2]
     z = x @ vt[:k].T
     scale = z.std(axis=0)
     return z / np.where(scale > 0, scale, 1.0)
