@@ -101,6 +101,9 @@ def test_step_1_affords_as_many_components_as_the_fit_can_pay_for(rng):
         expected, expected_bound = public_design(x, k)  # the first k components, bounded
         np.testing.assert_allclose(design, expected, rtol=1e-12, atol=1e-12)
         assert bound == pytest.approx(expected_bound, rel=1e-12)
+        again, again_bound = auto.afforded_design(None, eps, scores=principal_scores(x, auto.COMPONENTS))
+        np.testing.assert_array_equal(again, design)  # one SVD for several ε (reproduce.auto_plans) is the same
+        assert again_bound == bound
         rho = auto.relative_coefficient_noise(x.shape[0], k, bound, eps / 2)
         if rho <= auto.AFFORD_RHO:
             if k < auto.COMPONENTS:  # one more component would not be affordable
@@ -342,9 +345,13 @@ def test_centre_levels_give_the_exact_intervals_of_the_rounded_centres(rng, monk
     np.testing.assert_array_equal(np.asarray(captured["params"].a2), np.asarray(direct.a2))
 
 
-@pytest.mark.parametrize("mechanism", slow_unless(["rr-on-bins", "unbiased"], fast=["rr-on-bins"]))
-def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(mechanism, rng, monkeypatch,
-                                                                                histogram_epsilons):
+@pytest.mark.parametrize("mechanism, eps, components", slow_unless(
+    [("rr-on-bins", 2.0, 4), ("unbiased", 2.0, 4), ("rr-on-bins", 0.02, 1), ("rr-on-bins", 0.01, None)],
+    fast=[("rr-on-bins", 2.0, 4)]), ids=["rr-on-bins", "unbiased", "rr-on-bins-one-component", "rr-on-bins-no-features"])
+def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(mechanism, eps, components, rng,
+                                                                                monkeypatch, histogram_epsilons):
+    """At ε = 2 auto's plan on all 4 components; at 0.02 only one is affordable (the design auto uses); at 0.01 none
+    is (auto goes to ``calibrated``, the comparison keeps its own 5% fit and half of ε for the histogram)."""
     released, real = [], feature_prior.release
 
     def recording(params, secret, labels):
@@ -354,13 +361,23 @@ def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(
 
     monkeypatch.setattr(feature_prior, "release", recording)
     x, y = _data(rng, 4000)
-    labels, record = pipeline(f"{mechanism}+feature-prior").run(x, y, LO, HI, 2.0, secret=Secret.from_seed(2))
-    design, bound = auto.afforded_design(x, 2.0)
-    p = auto.plan(2.0, y.size, design.shape[1] - 1, bound, HI - LO)
-    assert record["statistics_epsilon"] == p.statistics_epsilon
-    assert histogram_epsilons == pytest.approx([p.residual_histogram_epsilon], abs=1e-15)
-    eps2 = p.release_epsilon - record["calibration_epsilon"]  # auto's calibration of the fit, when it is made
+    labels, record = pipeline(f"{mechanism}+feature-prior").run(x, y, LO, HI, eps, secret=Secret.from_seed(2))
+    design, bound = auto.afforded_design(x, eps)
+    p = auto.plan(eps, y.size, design.shape[1] - 1, bound, HI - LO)
+    assert p.branch == ("calibrated" if components is None else "denoised" if eps < 1 else "unbiased")
+    assert (record["components"], record["l1_bound"]) == (design.shape[1] - 1, bound)  # auto's design, every branch
+    if components is None:
+        assert record["statistics_epsilon"] == 0.05 * eps and record["calibration_epsilon"] == 0.0
+        assert histogram_epsilons == pytest.approx([auto.CALIBRATED_PRIOR_FRACTION * eps], abs=1e-15)
+        eps2 = eps - record["statistics_epsilon"] - auto.CALIBRATED_PRIOR_FRACTION * eps
+    else:
+        assert design.shape[1] - 1 == components
+        assert record["statistics_epsilon"] == p.statistics_epsilon
+        assert histogram_epsilons == pytest.approx([p.residual_histogram_epsilon], abs=1e-15)
+        eps2 = p.release_epsilon - record["calibration_epsilon"]  # auto's calibration of the fit, when it is made
     assert record["mechanism_epsilon"] == pytest.approx(eps2, abs=1e-12)
+    spent = record["statistics_epsilon"] + record["residual_histogram_epsilon"] + record["calibration_epsilon"]
+    assert spent + record["mechanism_epsilon"] == pytest.approx(eps, abs=1e-12)
     assert sum(size for _, size, _ in released) == y.size and len(released) == record["groups"]
     grid = np.linspace(LO, HI, 201)
     for params, _, out in released:

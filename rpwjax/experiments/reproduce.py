@@ -309,10 +309,12 @@ def auto_table(out) -> list[dict]:
 def auto_plans(split, epsilons) -> dict:
     """The auto rule's plan for each ε on a split's training rows (public numbers only)."""
     from rpwjax.pipelines import auto
+    from rpwjax.pipelines.statistics import principal_scores
 
+    scores = principal_scores(split.x_train, auto.COMPONENTS)  # one SVD for every ε
     plans = {}
     for e in epsilons:
-        design, bound = auto.afforded_design(split.x_train, e)
+        design, bound = auto.afforded_design(None, e, scores=scores)
         plans[e] = auto.plan(e, split.y_train.size, design.shape[1] - 1, bound, split.hi - split.lo)
     return plans
 

@@ -134,13 +134,14 @@ def relative_coefficient_noise(rows: int, components: int, l1_bound: float, eps_
     return 2 * math.sqrt(2) * l1_bound * math.sqrt(components + 1) / (eps_s * rows)
 
 
-def afforded_design(features, epsilon: float):
+def afforded_design(features, epsilon: float, *, scores=None):
     """Step 1's design: ``(design, bound)`` with the most principal components, up to :data:`COMPONENTS`, whose
     linear fit can be afforded, ρ(ε/2) <= :data:`AFFORD_RHO` (each count k has its own public L1 bound B_k;
     fewer components mean a smaller B and fewer coefficients to pay for). When not even one component can
     be afforded, the design with :data:`COMPONENTS` (step 1 then sends the data to ``calibrated``). Public
-    features, ε and n only."""
-    scores = principal_scores(features, COMPONENTS)
+    features, ε and n only. ``scores``: the features' ``principal_scores(features, COMPONENTS)`` when the
+    caller already has them (one SVD for several ε); ``features`` is then not read."""
+    scores = principal_scores(features, COMPONENTS) if scores is None else np.asarray(scores, np.float64)
     rows, most = scores.shape
     full = bounded_design(scores)
     for k in range(most, 0, -1):

@@ -79,6 +79,7 @@ def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, m
     record = {"pipeline": f"{mechanism}+feature-prior", "epsilon": eps, "rows": int(y.size),
               "statistics_epsilon": eps_s, "residual_histogram_epsilon": eps1,
               "calibration_epsilon": calibration["epsilon"] if calibration else 0.0, "mechanism": mechanism,
-              "mechanism_epsilon": eps2, "groups": len(fields), "per_label_epsilon": eps, "denoised": False,
+              "mechanism_epsilon": eps2, "components": prior.components, "l1_bound": prior.l1_bound, "groups": len(fields),
+              "per_label_epsilon": eps, "denoised": False,
               "release": fields}
     return out, record
