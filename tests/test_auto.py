@@ -321,6 +321,28 @@ def test_auto_clips_residuals_less_as_epsilon_grows(rng, monkeypatch):
     assert set(fixed) == {0.02} and error < 0.7 * fixed_error
 
 
+def test_denoised_release_reads_the_residual_model_as_censored_at_the_range(monkeypatch):
+    """Zero-inflated labels (70% at the bottom of [0, 20], a heavy tail): most centres sit near 0, where the
+    truncated prior (residual histogram shifted and cut to the range) moves its mass up and the posterior mean
+    with it. The censored prior (y = clip(m + r)) keeps that mass at 0: the labels' mean lies at least twice as
+    close to the true mean and their error is lower. Auto's denoised branch uses the censored one."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    x = rng.normal(size=(n, 4))
+    y = np.clip(np.where(rng.random(n) < 0.7, 0.0, rng.exponential(3.0, n) * np.exp(0.4 * x[:, 0])), 0.0, 20.0)
+    design, bound = public_design(x, 4)
+    s = Secret.from_seed(7).for_epsilon(1.0)
+    prior = linear_prior.linear_residual_prior(design, bound, y, 0.0, 20.0, 0.4, 0.1, s)
+    out = {c: linear_prior.release_around(prior, y, 0.0, 20.0, 0.5, s, "rpwithprior", levels=auto.LEVELS,
+                                          censored=c)[0] for c in (False, True)}
+    bias = {c: abs(float(out[c].mean() - y.mean())) for c in out}
+    error = {c: float(np.mean((out[c] - y) ** 2)) for c in out}
+    assert bias[True] < 0.5 * bias[False] and error[True] < 0.9 * error[False]
+    calls = spy(monkeypatch, linear_prior, "censored_priors", lambda a, k: a[2].size)
+    _, record = auto.auto_labels(x, y, 0.0, 20.0, 0.5, secret=Secret.from_seed(8))
+    assert record["auto"]["plan"]["branch"] == "denoised" and calls and sum(calls) > n
+
+
 @pytest.mark.slow
 def test_centre_levels_give_the_exact_intervals_of_the_rounded_centres(rng, monkeypatch):
     x, y = _data(rng, 3000)

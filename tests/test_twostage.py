@@ -52,6 +52,43 @@ def test_shifted_priors_fall_back_when_no_mass_is_left_in_the_range():
     assert np.isclose(np.asarray(priors.mass)[1].sum(), 1.0)
 
 
+def test_censored_priors_are_the_law_of_the_clipped_label(rng):
+    """Row i of censored_priors is the law of clip(m_i + r, lo, hi), r uniform within the residual histogram's
+    bins: every row has mass 1, the CDF at each grid point is the residual CDF shifted to m_i, and what lies
+    beyond the range sits in the end bins (checked against the exact CDF and against 400,000 draws)."""
+    edges, mass = _residual_hist(rng)
+    centres = np.array([0.0, 0.3, 1.3, 2.5, 4.9, 5.0])
+    priors = residuals.censored_priors(edges, mass, centres, LO, HI)
+    grid = np.linspace(LO, HI, mass.size + 1)
+    m = np.asarray(priors.mass)
+    assert m.shape == (centres.size, mass.size) and np.allclose(m.sum(axis=1), 1.0, atol=1e-12)
+    np.testing.assert_array_equal(np.asarray(priors.left), np.broadcast_to(grid[:-1], m.shape))
+    np.testing.assert_array_equal(np.asarray(priors.right), np.broadcast_to(grid[1:], m.shape))
+    cdf = np.concatenate([[0.0], np.cumsum(mass)])
+    for i, c in enumerate(centres):
+        inner = np.interp(grid[1:-1] - c, edges, cdf)  # P(m + r <= g) for the interior grid points
+        np.testing.assert_allclose(np.cumsum(m[i])[:-1], inner, atol=1e-12)
+        assert m[i, 0] == pytest.approx(np.interp(grid[1] - c, edges, cdf), abs=1e-12)  # all below lo included
+    draws = rng.choice(mass.size, size=400_000, p=mass)
+    r = rng.uniform(edges[draws], edges[draws + 1])
+    for i, c in enumerate(centres):
+        clipped = np.clip(c + r, LO, HI)
+        freq = np.histogram(clipped, grid)[0] / r.size
+        assert np.abs(freq - m[i]).max() < 5e-3
+    # a centre at the bottom of the range: shifted_priors drops the half below lo and renormalises (the
+    # truncated model), censored_priors keeps it at lo: more mass in the first bin, a lower prior mean
+    truncated = _row(residuals.shifted_priors(edges, mass, centres[:1], LO, HI), 0)
+    censored = _row(priors, 0)
+    def mean(p):
+        return float(np.sum(np.asarray(p.mass) * 0.5 * (np.asarray(p.left) + np.asarray(p.right))))
+
+    assert mean(censored) < mean(truncated)
+    with jax.enable_x64(True):
+        assert float(censored.cdf(jnp.asarray(grid[1]))) > float(truncated.cdf(jnp.asarray(grid[1])))
+    with pytest.raises(ValueError, match="cover"):
+        residuals.censored_priors(edges / 4, mass, centres, LO, HI)
+
+
 @pytest.mark.slow
 def test_per_example_intervals_equal_the_exact_fit_on_each_row(rng):
     edges, mass = _residual_hist(rng)

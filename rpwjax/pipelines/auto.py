@@ -44,7 +44,11 @@ release and never looks at any model's error.
    α clipped to [0, 1] (:func:`feature_aware_prior`). ``denoised``: RPWithPrior with a
    per-row exact interval under the row's prior (centres rounded to
    :data:`LEVELS` + 1 public levels first), posterior mean
-   (:func:`~rpwjax.pipelines.linear_prior.release_around`). ``unbiased``:
+   (:func:`~rpwjax.pipelines.linear_prior.release_around`). The row's prior
+   is the law of clip(m(x) + r, lo, hi), r from the residual prior
+   (:func:`~rpwjax.pipelines.residuals.censored_priors`): a residual that
+   would take the label out of the range leaves it at the range's end, as
+   for labels clipped to the range or piled at one end (zero-inflated). ``unbiased``:
    the rows are put in :data:`GROUPS` public groups by their centre
    (quantiles of m(x)); group g clips residuals to the residual prior's q
    and 1 - q quantiles intersected with [lo - max m_g, hi - min m_g] (where a
@@ -297,7 +301,7 @@ def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int 
         out, fields = _grouped_unbiased(prior, y, lo, hi, eps2, s)
         mechanism = "unbiased"
     else:
-        out, fields = release_around(prior, y, lo, hi, eps2, s, "rpwithprior", levels=LEVELS)
+        out, fields = release_around(prior, y, lo, hi, eps2, s, "rpwithprior", levels=LEVELS, censored=True)
         mechanism = "rpwithprior"
     record = {"pipeline": "auto", "epsilon": eps, "rows": int(y.size),
               "statistics_epsilon": p.statistics_epsilon, "residual_histogram_epsilon": p.residual_histogram_epsilon,

@@ -19,7 +19,7 @@ import numpy as np
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms.rpwithprior import choose_zeta, fit_rpwithprior_per_row
-from rpwjax.pipelines.residuals import (residual_histogram, shifted_priors, unbiased_residual_fit,
+from rpwjax.pipelines.residuals import (censored_priors, residual_histogram, shifted_priors, unbiased_residual_fit,
                                        unbiased_residual_release)
 from rpwjax.pipelines.statistics import private_linear_fit, public_design
 from rpwjax.posterior import posterior_mean_per_row
@@ -65,7 +65,7 @@ def residual_prior_around(centres, design, bound, labels, lo, hi, eps1, secret: 
 
 
 def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Secret, stage2: str, *,
-                   unbiased_fit=None, levels: int | None = None):
+                   unbiased_fit=None, levels: int | None = None, censored: bool = False):
     """Release 3 (child secret "release"), once per label: ``(labels, fields)``.
 
     ``stage2="rpwithprior"``: RPWithPrior with a per-row exact interval under the row's prior (the residual
@@ -73,7 +73,10 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
     release (:func:`~rpwjax.pipelines.residuals.unbiased_residual_release`), not denoised; ``unbiased_fit`` is
     the ``unbiased_residual_fit`` result when the caller has it already. ``levels``: the centres are first
     rounded to ``levels`` + 1 public levels across [lo, hi] (post-processing), so that RPWithPrior's interval
-    search runs once per level, not once per row (what makes a million rows take seconds).
+    search runs once per level, not once per row (what makes a million rows take seconds). ``censored``: the
+    row's prior is the censored one, y = clip(m + r) (:func:`~rpwjax.pipelines.residuals.censored_priors`),
+    instead of the residual prior shifted to m and truncated to the range
+    (:func:`~rpwjax.pipelines.residuals.shifted_priors`).
     """
     if stage2 not in STAGE2:
         raise InputError(f"stage2 must be one of {', '.join(STAGE2)}, got stage2={stage2!r}")
@@ -81,16 +84,17 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
         params, residual_range, _ = unbiased_fit or unbiased_residual_fit(prior.edges, prior.mass, hi - lo, eps2)
         out, _ = unbiased_residual_release(params, residual_range, prior.centres, labels, secret.child("release"))
         return out, {"residual_range": list(residual_range), "denoised": False, "release": sidecar_fields(params)}
+    row_priors = censored_priors if censored else shifted_priors
     zeta = float(choose_zeta(histogram_prior(prior.edges, prior.mass), eps2)[0])
     centres = prior.centres
     if levels is not None:
         step = (hi - lo) / int(levels)
         centres = np.clip(lo + step * np.rint((centres - lo) / step), lo, hi)
         unique, inverse = np.unique(centres, return_inverse=True)
-        fitted = fit_rpwithprior_per_row(shifted_priors(prior.edges, prior.mass, unique, lo, hi), zeta, eps2)
+        fitted = fit_rpwithprior_per_row(row_priors(prior.edges, prior.mass, unique, lo, hi), zeta, eps2)
         params = dataclasses.replace(fitted, epsilon=fitted.epsilon[inverse], zeta=fitted.zeta[inverse],
                                      a1=fitted.a1[inverse], a2=fitted.a2[inverse])
-    priors = shifted_priors(prior.edges, prior.mass, centres, lo, hi)
+    priors = row_priors(prior.edges, prior.mass, centres, lo, hi)
     if levels is None:
         params = fit_rpwithprior_per_row(priors, zeta, eps2)
     noisy = release(params, secret.child("release"), labels)

@@ -92,6 +92,34 @@ def shifted_priors(edges, mass, centres, lo, hi, fallback: Prior | None = None) 
     return Prior(left, right, m, float(lo), float(hi), False, "feature-aware")
 
 
+def censored_priors(edges, mass, centres, lo, hi) -> Prior:
+    """Row i: the prior of y = clip(m_i + r, lo, hi), r from the residual histogram (uniform within its bins), on a
+    public grid over [lo, hi] with as many bins as the histogram (a batched Prior, (n, bins), post-processing).
+
+    The censored reading of the residual model: a residual that would take the label below lo (above hi) puts
+    it at lo (hi), in the first (last) bin, as it does for labels clipped to the range, and zero-inflated labels
+    whose spike sits at an end of the range. :func:`shifted_priors` instead drops that mass and renormalises
+    (a truncated model): for a row whose centre is near an end of the range it moves the prior's mass away
+    from that end, and with it the posterior mean. Every row's prior has mass 1: nothing is left empty.
+    """
+    edges = np.asarray(edges, np.float64)
+    mass = np.asarray(mass, np.float64)
+    c = np.asarray(centres, np.float64)
+    lo, hi = float(lo), float(hi)
+    if not (edges[0] <= lo - c.max() + 1e-12 * (hi - lo) and hi - c.min() <= edges[-1] + 1e-12 * (hi - lo)):
+        raise ValueError("the residual histogram must cover [lo - m, hi - m] for every centre m")
+    cdf = np.concatenate([[0.0], np.cumsum(mass)])
+    cdf /= cdf[-1]
+    grid = np.linspace(lo, hi, mass.size + 1)
+    below = np.interp(grid[None, :] - c[:, None], edges, cdf)
+    below[:, 0], below[:, -1] = 0.0, 1.0  # censoring: all that lies below lo in the first bin, above hi in the last
+    m = np.maximum(np.diff(below, axis=1), 0.0)
+    m /= m.sum(axis=1, keepdims=True)
+    shape = (c.size, mass.size)
+    return Prior(np.broadcast_to(grid[:-1], shape).copy(), np.broadcast_to(grid[1:], shape).copy(), m, lo, hi,
+                 False, "feature-aware")
+
+
 CENTRE_GROUPS = 8  # public groups of rows by their centre (auto's unbiased release, the fair comparison)
 
 
