@@ -85,8 +85,10 @@ def test_censored_priors_are_the_law_of_the_clipped_label(rng):
     assert mean(censored) < mean(truncated)
     with jax.enable_x64(True):
         assert float(censored.cdf(jnp.asarray(grid[1]))) > float(truncated.cdf(jnp.asarray(grid[1])))
-    with pytest.raises(ValueError, match="cover"):
+    with pytest.raises(ValueError, match="cover") as caught:
         residuals.censored_priors(edges / 4, mass, centres, LO, HI)
+    for value in (edges[0] / 4, edges[-1] / 4, LO - centres.max(), HI - centres.min()):  # the error names them
+        assert f"{value:g}" in str(caught.value)
 
 
 @pytest.mark.slow

@@ -91,11 +91,15 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
         step = (hi - lo) / int(levels)
         centres = np.clip(lo + step * np.rint((centres - lo) / step), lo, hi)
         unique, inverse = np.unique(centres, return_inverse=True)
-        fitted = fit_rpwithprior_per_row(row_priors(prior.edges, prior.mass, unique, lo, hi), zeta, eps2)
+        level_priors = row_priors(prior.edges, prior.mass, unique, lo, hi)  # a row's prior is its level's
+        fitted = fit_rpwithprior_per_row(level_priors, zeta, eps2)
         params = dataclasses.replace(fitted, epsilon=fitted.epsilon[inverse], zeta=fitted.zeta[inverse],
                                      a1=fitted.a1[inverse], a2=fitted.a2[inverse])
-    priors = row_priors(prior.edges, prior.mass, centres, lo, hi)
-    if levels is None:
+        priors = dataclasses.replace(level_priors, left=np.asarray(level_priors.left)[inverse],
+                                     right=np.asarray(level_priors.right)[inverse],
+                                     mass=np.asarray(level_priors.mass)[inverse])
+    else:
+        priors = row_priors(prior.edges, prior.mass, centres, lo, hi)
         params = fit_rpwithprior_per_row(priors, zeta, eps2)
     noisy = release(params, secret.child("release"), labels)
     return posterior_mean_per_row(params, priors, noisy), {"zeta": zeta, "denoised": True,

@@ -107,7 +107,9 @@ def censored_priors(edges, mass, centres, lo, hi) -> Prior:
     c = np.asarray(centres, np.float64)
     lo, hi = float(lo), float(hi)
     if not (edges[0] <= lo - c.max() + 1e-12 * (hi - lo) and hi - c.min() <= edges[-1] + 1e-12 * (hi - lo)):
-        raise ValueError("the residual histogram must cover [lo - m, hi - m] for every centre m")
+        raise ValueError(f"the residual histogram must cover [lo - m, hi - m] for every centre m: it spans "
+                         f"[{edges[0]:g}, {edges[-1]:g}], the centres [{c.min():g}, {c.max():g}] in "
+                         f"[lo, hi] = [{lo:g}, {hi:g}] need [{lo - c.max():g}, {hi - c.min():g}]")
     cdf = np.concatenate([[0.0], np.cumsum(mass)])
     cdf /= cdf[-1]
     grid = np.linspace(lo, hi, mass.size + 1)
