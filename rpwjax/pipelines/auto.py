@@ -15,7 +15,10 @@ release and never looks at any model's error.
    ρ(ε_s) = 2√2·B·√(k+1)/(ε_s·n). The design keeps the most principal
    components k <= :data:`COMPONENTS` with ρ(ε/2) <= :data:`AFFORD_RHO`, each k
    with its own bound B_k (:func:`afforded_design`): fewer components cost
-   less noise. If not even one can be afforded, the features are not used:
+   less noise. Every score is first clipped to its :data:`SCORE_QUANTILE`
+   and 1 - :data:`SCORE_QUANTILE` quantiles
+   (:func:`~rpwjax.pipelines.statistics.winsorized_scores`), so that a
+   heavy-tailed score keeps its spread when B shrinks the extreme rows. If not even one can be afforded, the features are not used:
    branch ``calibrated`` (a private histogram tilted to a private mean,
    RPWithPrior, posterior mean; :mod:`~rpwjax.pipelines.calibrated`), ε₁ = ε/2.
 2. **Unbiased or denoised labels?** (public.) A model trained on n labels
@@ -68,7 +71,10 @@ checked on validation folds (docs/beyond-the-paper.md, section 5). Step 1
 chose among 8 components or none until the judged sweep had been seen; the
 component count was added after it (for Crime at ε = 0.05 and 0.1, where 8
 could not be afforded but 1 to 3 could), with no new constant, and checked
-on validation folds before the judged sweep was rerun (README). The sidecar records the plan, every
+on validation folds before the judged sweep was rerun (README). The scores' clip
+(:data:`SCORE_QUANTILE`) was also added after the judged sweep had been seen: the seeds with the worst
+labels on California had the worst private fits, whose noise sat along a score that the L1 bound had left
+almost without spread (found on the training rows; README). The sidecar records the plan, every
 quantity the rule read and every ε spent (``record["auto"]``).
 
 **Validating step 2.** ``branch="denoised"`` or ``"unbiased"`` fixes the
@@ -93,7 +99,8 @@ from rpwjax.keys import Secret, check_secret
 from rpwjax.pipelines.linear_prior import check_features, linear_centres, release_around, residual_prior_around
 from rpwjax.pipelines.residuals import (CENTRE_GROUPS, centre_groups, clipping_error, residual_clip_range,
                                        unbiased_residual_fit, unbiased_residual_release)
-from rpwjax.pipelines.statistics import bounded_design, fit_signal_to_noise, principal_scores, private_slope
+from rpwjax.pipelines.statistics import (bounded_design, fit_signal_to_noise, principal_scores, private_slope,
+                                         winsorized_scores)
 from rpwjax.release_path import sidecar_fields
 
 AFFORD_RHO = 0.5  # step 1: k components are affordable when ρ(ε/2) is at most this; with none, no features
@@ -107,6 +114,7 @@ CALIBRATE_BELOW = 4.0  # step 4 (denoised): below this signal-to-noise of the li
 CALIBRATION_SHARE = 0.1  # ... with this share of ε, taken from the release
 LEVELS = 1024  # step 4 (denoised): centres rounded to 1025 public levels across the range (one interval search each)
 COMPONENTS = 8  # step 1: the most principal components the design may keep
+SCORE_QUANTILE = 0.01  # step 1: every principal score is clipped to its 1% and 99% quantiles (winsorized_scores)
 RESIDUAL_BINS = 32
 CALIBRATED_PRIOR_FRACTION = 0.5
 
@@ -140,12 +148,15 @@ def relative_coefficient_noise(rows: int, components: int, l1_bound: float, eps_
 
 def afforded_design(features, epsilon: float, *, scores=None):
     """Step 1's design: ``(design, bound)`` with the most principal components, up to :data:`COMPONENTS`, whose
-    linear fit can be afforded, ρ(ε/2) <= :data:`AFFORD_RHO` (each count k has its own public L1 bound B_k;
+    linear fit can be afforded, ρ(ε/2) <= :data:`AFFORD_RHO`, on the scores clipped to their
+    :data:`SCORE_QUANTILE` quantiles (:func:`~rpwjax.pipelines.statistics.winsorized_scores`: a heavy-tailed
+    score keeps its spread in the bulk of the rows; each count k has its own public L1 bound B_k;
     fewer components mean a smaller B and fewer coefficients to pay for). When not even one component can
     be afforded, the design with :data:`COMPONENTS` (step 1 then sends the data to ``calibrated``). Public
     features, ε and n only. ``scores``: the features' ``principal_scores(features, COMPONENTS)`` when the
     caller already has them (one SVD for several ε); ``features`` is then not read."""
     scores = principal_scores(features, COMPONENTS) if scores is None else np.asarray(scores, np.float64)
+    scores = winsorized_scores(scores, SCORE_QUANTILE)
     rows, most = scores.shape
     full = bounded_design(scores)
     for k in range(most, 0, -1):

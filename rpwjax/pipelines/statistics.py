@@ -52,6 +52,26 @@ def principal_scores(features, components: int = 8):
     return z / np.where(scale > 0, scale, 1.0)
 
 
+def winsorized_scores(scores, quantile: float):
+    """Each column of ``scores`` clipped to its own ``quantile`` and 1 - ``quantile`` quantiles, then centred and
+    scaled to unit variance again (a column left constant stays at zero). Public features only.
+
+    A score whose variance comes from a few extreme rows (a heavy-tailed feature) is otherwise left with
+    almost no spread in the bulk of the rows once :func:`bounded_design` shrinks the rows of large L1 norm,
+    which are those same rows: its column in the bounded design then carries little signal and a nearly
+    singular direction of XᵀX, along which the private fit's noise is amplified. Clipped first, it keeps the
+    bulk's spread and the bound no longer falls on it."""
+    z = np.asarray(scores, np.float64)
+    q = float(quantile)
+    if not 0.0 <= q < 0.5:
+        raise InputError(f"quantile must lie in [0, 0.5), got quantile={quantile!r}")
+    if q > 0:
+        z = np.clip(z, np.quantile(z, q, axis=0), np.quantile(z, 1 - q, axis=0))
+    z = z - z.mean(axis=0)
+    scale = z.std(axis=0)
+    return z / np.where(scale > 0, scale, 1.0)
+
+
 def bounded_design(scores):
     """An intercept and the ``scores``, every row's L1 norm clipped to the 95th percentile of the norms:
     ``(design, bound)``, bound that percentile (the public L1 bound of the private fits' sensitivity)."""
