@@ -18,9 +18,10 @@ release and never looks at any model's error.
    less noise. Every score is first clipped to its :data:`SCORE_QUANTILE`
    and 1 - :data:`SCORE_QUANTILE` quantiles
    (:func:`~rpwjax.pipelines.statistics.winsorized_scores`), so that a
-   heavy-tailed score keeps its spread when B shrinks the extreme rows. If not even one can be afforded, the features are not used:
-   branch ``calibrated`` (a private histogram tilted to a private mean,
-   RPWithPrior, posterior mean; :mod:`~rpwjax.pipelines.calibrated`), ε₁ = ε/2.
+   heavy-tailed score keeps its spread when B shrinks the extreme rows. If
+   not even one can be afforded, the features are not used: branch
+   ``calibrated`` (a private histogram tilted to a private mean, RPWithPrior,
+   posterior mean; :mod:`~rpwjax.pipelines.calibrated`), ε₁ = ε/2.
 2. **Unbiased or denoised labels?** (public.) A model trained on n labels
    with unbiased noise of variance σ² must average that noise away; relative
    to the spread of a label in the range (W²/12) it is left with about
