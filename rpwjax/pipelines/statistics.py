@@ -47,7 +47,11 @@ def principal_scores(features, components: int = 8):
     x = x - x.mean(axis=0)
     k = int(min(components, x.shape[1]))
     vt = np.linalg.svd(x, full_matrices=False)[2]
-    z = x @ vt[:k].T
+    return _unit_variance(x @ vt[:k].T)
+
+
+def _unit_variance(z):
+    """Columns of ``z`` divided by their standard deviation (a constant column is left as it is)."""
     scale = z.std(axis=0)
     return z / np.where(scale > 0, scale, 1.0)
 
@@ -67,9 +71,7 @@ def winsorized_scores(scores, quantile: float):
         raise InputError(f"quantile must lie in [0, 0.5), got quantile={quantile!r}")
     if q > 0:
         z = np.clip(z, np.quantile(z, q, axis=0), np.quantile(z, 1 - q, axis=0))
-    z = z - z.mean(axis=0)
-    scale = z.std(axis=0)
-    return z / np.where(scale > 0, scale, 1.0)
+    return _unit_variance(z - z.mean(axis=0))
 
 
 def bounded_design(scores):
