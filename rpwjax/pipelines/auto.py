@@ -100,8 +100,8 @@ from rpwjax.keys import Secret, check_secret
 from rpwjax.pipelines.linear_prior import check_features, linear_centres, release_around, residual_prior_around
 from rpwjax.pipelines.residuals import (CENTRE_GROUPS, centre_groups, clipping_error, residual_clip_range,
                                        unbiased_residual_fit, unbiased_residual_release)
-from rpwjax.pipelines.statistics import (bounded_design, fit_signal_to_noise, principal_scores, private_slope,
-                                         winsorized_scores)
+from rpwjax.pipelines.statistics import (bounded_design, fit_noise_energy, fit_signal_to_noise, median_cells,
+                                         principal_scores, private_cell_fit, private_slope, winsorized_scores)
 from rpwjax.release_path import sidecar_fields
 
 AFFORD_RHO = 0.5  # step 1: k components are affordable when ρ(ε/2) is at most this; with none, no features
@@ -116,6 +116,7 @@ CALIBRATION_SHARE = 0.1  # ... with this share of ε, taken from the release
 LEVELS = 1024  # step 4 (denoised): centres rounded to 1025 public levels across the range (one interval search each)
 COMPONENTS = 8  # step 1: the most principal components the design may keep
 SCORE_QUANTILE = 0.01  # step 1: every principal score is clipped to its 1% and 99% quantiles (winsorized_scores)
+CELL_NOISE_RATIO = 0.5  # step 4: the linear fit from cell means when its noise energy is at most this of the sums'
 RESIDUAL_BINS = 32
 CALIBRATED_PRIOR_FRACTION = 0.5
 
@@ -252,11 +253,19 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret):
     [0, 1]: the fit kept where it predicts, pulled to a constant where it does not. Then the ε₁-DP residual
     histogram around the centres. ``calibration`` (None off the denoised branch) records the ratio, ε_c and α;
     ε₂ = ε - ε_s - ε₁ - ε_c is what the release gets."""
-    theta, m = linear_centres(design, bound, y, lo, hi, p.statistics_epsilon, secret)
+    fit = linear_fit_choice(design, bound, hi - lo, p.statistics_epsilon)
+    cells = fit.pop("cell_index")
+    if fit["estimator"] == "cells":
+        theta, centre = private_cell_fit(design, y, lo, hi, p.statistics_epsilon, secret.child("statistics"),
+                                         cells=cells)
+        m = np.clip(design @ theta + centre, lo, hi)
+    else:
+        theta, m = linear_centres(design, bound, y, lo, hi, p.statistics_epsilon, secret)
+        cells = None
     eps2 = p.release_epsilon
     calibration = None
     if p.branch == "denoised":
-        snr = fit_signal_to_noise(design, theta, hi - lo, bound, p.statistics_epsilon)
+        snr = fit_signal_to_noise(design, theta, hi - lo, bound, p.statistics_epsilon, cells=cells)
         calibration = {"signal_to_noise": snr if math.isfinite(snr) else None, "epsilon": 0.0, "slope": 1.0}
         mean = float(np.mean(m))
         if snr < CALIBRATE_BELOW and np.ptp(m) > 0:
@@ -268,7 +277,25 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret):
             calibration.update(epsilon=eps_c, slope=alpha)
     prior = residual_prior_around(m, design, bound, y, lo, hi, p.residual_histogram_epsilon, secret,
                                   residual_bins=RESIDUAL_BINS)
-    return prior, eps2, calibration
+    return dataclasses.replace(prior, fit=fit), eps2, calibration
+
+
+def linear_fit_choice(design, bound: float, width: float, eps_s: float) -> dict:
+    """Step 4's choice of the ε_s-DP linear fit, on public numbers: the sums Xᵀ(y - c)
+    (:func:`~rpwjax.pipelines.statistics.private_linear_fit`) or the labels' means in 2^k public cells
+    (:func:`~rpwjax.pipelines.statistics.private_cell_fit` on
+    :func:`~rpwjax.pipelines.statistics.median_cells` of the design's k scores, depth k). Each fit's noise puts
+    a known expected energy into the centred predictions (:func:`~rpwjax.pipelines.statistics.fit_noise_energy`);
+    the cells are chosen when theirs is at most :data:`CELL_NOISE_RATIO` of the sums'. A cell mean's noise does
+    not grow with the L1 bound, the sums' does; but the cells see the design only through their mean rows, a
+    coarser view (a bias the noise energies do not count), hence the factor. Returns the record
+    (``estimator``, ``cells``, ``noise_sums``, ``noise_cells``) and ``cell_index`` (one cell per row)."""
+    k = design.shape[1] - 1
+    cells = median_cells(design[:, 1:], k)
+    sums = fit_noise_energy(design, width, bound, eps_s)
+    by_cells = fit_noise_energy(design, width, bound, eps_s, cells=cells)
+    return {"estimator": "cells" if by_cells <= CELL_NOISE_RATIO * sums else "sums", "cells": int(cells.max()) + 1,
+            "noise_sums": sums, "noise_cells": by_cells, "cell_index": cells}
 
 
 def _grouped_unbiased(prior, y, lo, hi, eps2, secret: Secret):
@@ -309,6 +336,7 @@ def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int 
     s = secret.child("auto-linear").for_epsilon(eps)
     prior, eps2, calibration = feature_aware_prior(design, bound, y, lo, hi, p, s)
     trace["calibration"] = calibration
+    trace["fit"] = prior.fit
     if p.branch == "unbiased":
         out, fields = _grouped_unbiased(prior, y, lo, hi, eps2, s)
         mechanism = "unbiased"

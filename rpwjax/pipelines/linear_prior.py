@@ -39,6 +39,7 @@ class LinearResidualPrior:
     mass: np.ndarray
     components: int
     l1_bound: float
+    fit: dict | None = None  # how the centres' linear fit was released, where the caller chose (auto's step 4)
 
 
 def linear_residual_prior(design, bound, labels, lo, hi, eps_s, eps1, secret: Secret, *,

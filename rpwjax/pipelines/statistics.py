@@ -135,22 +135,38 @@ def _fit_noise(d: int, rows: int, width: float, bound: float, eps: float):
     return b, 2 * b**2 / ((width / 4) ** 2 * rows)
 
 
-def fit_signal_to_noise(design, theta, width: float, bound: float, epsilon: float) -> float:
+def fit_noise_energy(design, width: float, bound: float, epsilon: float, *, cells=None) -> float:
+    """The expected energy N that an ε-DP linear fit's noise alone puts into the centred predictions X̄θ (X̄ the
+    design with its columns centred): tr(Cov(θ)·X̄ᵀX̄). Public numbers only (the design, the range's width,
+    the bound, ε, the cells).
+
+    ``cells=None``: :func:`private_linear_fit`, Cov(θ) = 2b²·G⁻², G = XᵀX + λI (b and λ of that function).
+    ``cells`` (a cell index per row): :func:`private_cell_fit`, Cov(θ) = A⁻¹ZᵀΩZA⁻¹ with its Z, Ω and A."""
+    design = np.asarray(design, np.float64)
+    rows, d = design.shape
+    centred = design - design.mean(axis=0)
+    if cells is None:
+        b, ridge = _fit_noise(d, rows, float(width), float(bound), float(epsilon))
+        inverse = np.linalg.inv(design.T @ design + ridge * np.eye(d))
+        return 2 * b**2 * float(np.trace(inverse @ (centred.T @ centred) @ inverse))
+    z, weight, _ = _cell_system(design, cells, float(width), float(epsilon))
+    information = z.T @ (z * weight[:, None])
+    inverse = np.linalg.inv(information + np.eye(d) / (float(width) / 4) ** 2)
+    return float(np.trace(inverse @ information @ inverse @ (centred.T @ centred)))
+
+
+def fit_signal_to_noise(design, theta, width: float, bound: float, epsilon: float, *, cells=None) -> float:
     """How far the ε-DP linear fit's predictions stand above its own noise: (‖X̄θ‖² - N)/N, X̄ the design with
-    its columns centred and N = 2b²·tr(G⁻¹X̄ᵀX̄G⁻¹) the expected energy the fit's noise alone puts into the
-    centred predictions (G = XᵀX + λI, b and λ of :func:`private_linear_fit`).
+    its columns centred and N the expected energy the fit's noise alone puts into the centred predictions
+    (:func:`fit_noise_energy`; ``cells``: the fit was :func:`private_cell_fit`'s on those cells).
 
     An estimate of the signal's energy over the noise's: about 0 when the features say nothing about the
     label, large when the fit is well measured; infinite when the design has no column that varies (the
     predictions are a constant, there is nothing to weigh). A function of the released θ and public numbers
     only (post-processing): it reads no label."""
     design = np.asarray(design, np.float64)
-    rows, d = design.shape
-    b, ridge = _fit_noise(d, rows, float(width), float(bound), float(epsilon))
+    noise = fit_noise_energy(design, width, bound, epsilon, cells=cells)
     centred = design - design.mean(axis=0)
-    inverse = np.linalg.inv(design.T @ design + ridge * np.eye(d))
-    spread = inverse @ (centred.T @ centred) @ inverse
-    noise = 2 * b**2 * float(np.trace(spread))
     if not noise > 0:
         return math.inf
     predictions = centred @ np.asarray(theta, np.float64)
@@ -188,3 +204,63 @@ def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre:
     unit = (hi - lo) * kappa / STATISTIC_RESOLUTION
     total = int(_noisy_sums(w[:, None], y, centre, unit, eps, BitStream(secret, "slope"))[0])
     return float(total * unit / float(w @ a))
+
+
+def median_cells(scores, depth: int):
+    """Public cells of the rows: ``depth`` rounds of median splits (a k-d tree). Round j sorts every cell's rows
+    by column j mod k of ``scores`` (ties by row order) and splits the cell into its lower and upper half, so
+    the up to 2^depth cells are of about equal size. Features only: returns one cell index per row, 0 to C - 1."""
+    z = np.asarray(scores, np.float64)
+    if z.ndim != 2 or z.shape[1] < 1:
+        raise InputError(f"scores must be (n, k) with k >= 1, got shape {z.shape}")
+    rows, k = z.shape
+    cell = np.zeros(rows, np.int64)
+    for level in range(int(depth)):
+        order = np.lexsort((z[:, level % k], cell))
+        ranked = cell[order]
+        start = np.searchsorted(ranked, ranked, side="left")  # first position of each row's cell
+        size = np.bincount(ranked)[ranked]
+        upper = (np.arange(rows) - start) >= size // 2
+        cell[order] = 2 * ranked + upper
+    return np.unique(cell, return_inverse=True)[1].reshape(-1)
+
+
+def _cell_system(design, cells, width: float, epsilon: float):
+    """The cells' mean design rows Z (C, d), the precision Ω of each released cell mean (its noise has variance
+    2·(width/(ε·n_c))², :func:`private_mean`) and the counts n_c."""
+    cells = np.asarray(cells)
+    if cells.shape != (design.shape[0],) or cells.size == 0 or cells.min() < 0:
+        raise InputError(f"cells must give one index >= 0 per design row, got shape {cells.shape}")
+    count = np.bincount(cells).astype(np.float64)
+    if np.any(count == 0):
+        raise InputError(f"cells must number their cells 0 to C - 1 without gaps, got {int(np.sum(count == 0))} empty")
+    z = np.stack([np.bincount(cells, weights=design[:, j]) for j in range(design.shape[1])], axis=1) / count[:, None]
+    return z, (epsilon * count / width) ** 2 / 2, count
+
+
+def private_cell_fit(design, labels, lo, hi, epsilon, secret: Secret, *, cells):
+    """ε-DP linear fit from the labels' means in public cells of the rows (parallel composition).
+
+    Every row lies in one cell (``cells``, e.g. :func:`median_cells` of the design's scores), so the C cell
+    means, each an ε-DP :func:`private_mean` (child secret ``("cell", c)``; exact integer noise, scale
+    (hi - lo)/(ε·n_c)), are together ε-DP: replacing one label changes one of them. θ is then post-processing:
+    the posterior mean of the coefficients of y - c on the cells' mean design rows Z under the cell means'
+    noise (precision Ω_c = (ε·n_c/(hi - lo))²/2) and the prior scale τ = (hi - lo)/4 of
+    :func:`private_linear_fit`: θ = (ZᵀΩZ + I/τ²)⁻¹ZᵀΩ(m̃ - c). No L1 bound enters: a cell mean's
+    sensitivity does not depend on the features, so its noise per cell is about 1/B of the sums' (B the
+    bound of :func:`private_linear_fit`) and nothing is shared between the coefficients. Returns (θ, c) as
+    :func:`private_linear_fit` does (predict with ``design @ θ + c``)."""
+    eps = float(check_epsilon(epsilon))
+    lo, hi = check_range(lo, hi)
+    check_secret(secret)
+    y = check_labels(labels, lo, hi)
+    design = np.asarray(design, np.float64)
+    if design.ndim != 2 or design.shape[0] != y.size:
+        raise InputError(f"design must be (n, d) with one row per label, got shape {design.shape}")
+    z, weight, count = _cell_system(design, cells, hi - lo, eps)
+    order = np.argsort(np.asarray(cells), kind="stable")
+    groups = np.split(y[order], np.cumsum(count.astype(np.int64))[:-1])
+    centre = 0.5 * (lo + hi)
+    means = np.array([private_mean(g, lo, hi, eps, secret.child("cell", c)) for c, g in enumerate(groups)])
+    information = z.T @ (z * weight[:, None]) + np.eye(z.shape[1]) / ((hi - lo) / 4) ** 2
+    return np.linalg.solve(information, z.T @ (weight * (means - centre))), centre
