@@ -122,6 +122,125 @@ def test_step_1_winsorizes_a_heavy_tailed_score_so_the_bound_keeps_its_signal(rn
         winsorized_scores(x, 0.5)
 
 
+def test_median_cells_halve_every_cell_by_each_score_in_turn(rng):
+    """The public cells of the cell fit: round j splits every cell into its lower and upper half by score
+    j mod k (ties by row order), so 2^depth cells of sizes within one of each other, numbered by their path."""
+    from rpwjax.pipelines.statistics import median_cells
+
+    z = rng.normal(size=(1001, 3))
+    z[:, 1] = np.round(z[:, 1])  # many ties
+    parent = np.zeros(z.shape[0], np.int64)
+    for depth in range(1, 6):
+        cells = median_cells(z, depth)
+        counts = np.bincount(cells)
+        assert counts.size == 2**depth and counts.max() - counts.min() <= 1
+        np.testing.assert_array_equal(cells // 2, parent)  # each cell is a half of a cell of the round before
+        column = z[:, (depth - 1) % 3]
+        for c in range(2 ** (depth - 1)):
+            lower, upper = column[cells == 2 * c], column[cells == 2 * c + 1]
+            assert lower.max() <= upper.min() and abs(lower.size - upper.size) <= 1
+        parent = cells
+    np.testing.assert_array_equal(median_cells(z, 0), np.zeros(z.shape[0], np.int64))
+    with pytest.raises(InputError, match="scores must be"):
+        median_cells(z[:, 0], 2)
+    with pytest.raises(InputError, match="depth must lie in"):
+        median_cells(z, 31)
+
+
+def test_cell_fit_reads_each_label_in_one_cell_and_its_noise_energy_is_the_measured_one(rng, monkeypatch):
+    """The cell fit is ε-DP by parallel composition: replacing one label moves the released mean of its own
+    cell only (the same secret gives the same noise), by at most the width over the cell's rows. At a huge ε
+    it is the weighted least squares of the exact cell means on the cells' mean design rows. The expected
+    noise energy the rule compares (fit_noise_energy) is what 300 fits measure, for the cells and the sums."""
+    from rpwjax.pipelines import statistics
+
+    n = 1200
+    x = rng.normal(size=(n, 2))
+    y = np.clip(2.0 + 0.8 * x[:, 0] - 0.4 * x[:, 1] + 0.5 * rng.normal(size=n), LO, HI)
+    design, bound = statistics.bounded_design(x)
+    cells = statistics.median_cells(design[:, 1:], 2)
+    released = []
+    original = statistics.private_mean
+
+    def recording(*args, **kwargs):
+        out = original(*args, **kwargs)
+        released.append(out)
+        return out
+
+    monkeypatch.setattr(statistics, "private_mean", recording)
+    statistics.private_cell_fit(design, y, LO, HI, 0.5, Secret.from_seed(3), cells=cells)
+    base = np.array(released)
+    counts = np.bincount(cells)
+    for i in (0, 17, n - 1):
+        for value in (LO, HI):
+            moved = y.copy()
+            moved[i] = value
+            released.clear()
+            statistics.private_cell_fit(design, moved, LO, HI, 0.5, Secret.from_seed(3), cells=cells)
+            changed = np.flatnonzero(np.array(released) != base)
+            assert set(changed.tolist()) <= {int(cells[i])}
+            assert np.all(np.abs(np.array(released) - base) <= (HI - LO) / counts + 1e-12)
+    monkeypatch.undo()
+    # a huge ε: the weighted least squares of the exact cell means (weights n_c², the inverse noise variances)
+    theta, centre = statistics.private_cell_fit(design, y, LO, HI, 1e5, Secret.from_seed(0), cells=cells)
+    z = np.stack([np.bincount(cells, weights=design[:, j]) for j in range(3)], 1) / counts[:, None]
+    exact = np.bincount(cells, weights=y) / counts
+    w = counts.astype(float) ** 2
+    expected = np.linalg.solve(z.T @ (z * w[:, None]), z.T @ (w * (exact - centre)))
+    np.testing.assert_allclose(theta, expected, atol=1e-4)
+    # the noise energy in the centred predictions, as measured over 300 secrets, for either fit
+    centred = design - design.mean(axis=0)
+    for fit, kwargs in ((statistics.private_cell_fit, {"cells": cells}), (statistics.private_linear_fit, {"bound": bound})):
+        thetas = np.array([fit(design, y, LO, HI, 0.5, Secret.from_seed(100 + s), **kwargs)[0] for s in range(300)])
+        spread = thetas - thetas.mean(axis=0)
+        measured = np.mean(np.sum((spread @ centred.T) ** 2, axis=1))
+        expected = statistics.fit_noise_energy(design, HI - LO, bound, 0.5, cells=kwargs.get("cells"))
+        assert 0.8 < measured / expected < 1.25, (fit.__name__, measured, expected)
+    with pytest.raises(InputError, match="cells must"):
+        statistics.private_cell_fit(design, y, LO, HI, 0.5, Secret.from_seed(0), cells=cells[:-1])
+    with pytest.raises(InputError, match="without gaps"):
+        statistics.private_cell_fit(design, y, LO, HI, 0.5, Secret.from_seed(0), cells=2 * cells)
+
+
+def test_step_4_fits_on_cells_where_they_halve_the_noise_and_their_centres_err_less(rng):
+    """Few components, few rows, a small ε (Crime at ε = 0.05): the sums' noise grows with the L1 bound B of the
+    design's rows, a cell mean's does not, so the cells' noise energy is well under half and step 4 picks
+    them; over 12 secrets their centres err less. With more than CELL_COMPONENTS components the sums are
+    kept whatever the energies (no cells are formed). auto records the choice."""
+    from rpwjax.pipelines import statistics
+
+    n = 1600
+    x = rng.normal(size=(n, 1))
+    y = np.clip(1.0 + 0.4 * x[:, 0] + 0.6 * rng.normal(size=n), LO, HI)
+    design, bound = auto.afforded_design(x, 0.05)
+    p = auto.plan(0.05, n, design.shape[1] - 1, bound, HI - LO)
+    choice = auto.linear_fit_choice(design, bound, HI - LO, p.statistics_epsilon)
+    assert p.branch == "denoised" and choice["estimator"] == "cells" and choice["cells"] == 2
+    assert choice["noise_cells"] <= auto.CELL_NOISE_RATIO * choice["noise_sums"]
+
+    def error(estimator, seed):
+        monkey = pytest.MonkeyPatch()
+        monkey.setattr(auto, "CELL_NOISE_RATIO", 0.0 if estimator == "sums" else np.inf)
+        try:
+            prior, _, _ = auto.feature_aware_prior(design, bound, y, LO, HI, p, Secret.from_seed(seed).for_epsilon(0.05))
+        finally:
+            monkey.undo()
+        assert prior.fit["estimator"] == estimator
+        return np.mean((prior.centres - y) ** 2)
+
+    errors = {e: np.mean([error(e, s) for s in range(12)]) for e in ("sums", "cells")}
+    assert errors["cells"] < 0.8 * errors["sums"]
+    _, record = auto.auto_labels(x, y, LO, HI, 0.05, secret=Secret.from_seed(5))
+    assert record["auto"]["fit"] == {k: v for k, v in choice.items() if k != "cell_index"}
+    wide = rng.normal(size=(n, 8))
+    design, bound = auto.afforded_design(wide, 4.0)
+    assert design.shape[1] - 1 == auto.COMPONENTS > auto.CELL_COMPONENTS
+    choice = auto.linear_fit_choice(design, bound, HI - LO, 0.05)
+    assert choice["estimator"] == "sums" and choice["cells"] is None and choice["noise_cells"] is None
+    assert choice["noise_sums"] == statistics.fit_noise_energy(design, HI - LO, bound, 0.05)
+    assert choice["cell_index"] is None
+
+
 def test_step_1_affords_as_many_components_as_the_fit_can_pay_for(rng):
     """Step 1's design: the most principal components (up to COMPONENTS) whose fit is affordable at ε/2, each
     count with its own L1 bound; more ε never buys fewer; none affordable keeps COMPONENTS (branch calibrated)."""
@@ -165,6 +284,7 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
     from rpwjax.pipelines import calibrated
 
     statistic_epsilons = spy(monkeypatch, linear_prior, "private_linear_fit", lambda a, k: float(a[4]))
+    cell_epsilons = spy(monkeypatch, auto, "private_cell_fit", lambda a, k: float(a[4]))
     slope_epsilons = spy(monkeypatch, auto, "private_slope", lambda a, k: float(a[4]))
     mean_epsilons = spy(monkeypatch, calibrated, "private_mean", lambda a, k: float(a[3]))
     released = []
@@ -193,9 +313,10 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
     if branch == "calibrated":
         # half of ε₁ on the histogram, half on the mean, the rest on the release
         assert histogram_epsilons == pytest.approx([eps / 4]) and mean_epsilons == pytest.approx([eps / 4])
-        assert statistic_epsilons == []
+        assert statistic_epsilons == cell_epsilons == []
     else:
-        assert statistic_epsilons == pytest.approx([plan["statistics_epsilon"]], abs=1e-15)
+        assert statistic_epsilons + cell_epsilons == pytest.approx([plan["statistics_epsilon"]], abs=1e-15)
+        assert (cell_epsilons != []) == (record["auto"]["fit"]["estimator"] == "cells")
         assert histogram_epsilons == pytest.approx([plan["residual_histogram_epsilon"]], abs=1e-15)
         assert mean_epsilons == []
     total = (record.get("statistics_epsilon", 0.0) + record.get("residual_histogram_epsilon", 0.0) + eps_c

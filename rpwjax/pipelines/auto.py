@@ -38,7 +38,13 @@ release and never looks at any model's error.
    gets ε₂ = ε - ε_s - ε₁.
 4. **Releases** (private statistics, then post-processing). The linear fit
    (ε_s) gives centres m(x), clipped to the range; the residual histogram
-   (ε₁) the residual prior around them. ``denoised`` only, before the
+   (ε₁) the residual prior around them. The fit is released from the sums
+   Xᵀ(y - c) (noise scale W·B/ε_s per coordinate) or, with at most
+   :data:`CELL_COMPONENTS` components, from the labels' means in 2^k public
+   median cells (each ε_s-DP on its own rows: parallel composition), when the
+   cells' known noise energy in the centred predictions is at most
+   :data:`CELL_NOISE_RATIO` of the sums' (:func:`linear_fit_choice`).
+   ``denoised`` only, before the
    histogram: the labels lean on the centres, so a fit that is mostly noise
    is calibrated. Its signal-to-noise ratio (the centred predictions' energy
    over the energy the fit's known noise puts there, less one; a function of
@@ -117,6 +123,7 @@ LEVELS = 1024  # step 4 (denoised): centres rounded to 1025 public levels across
 COMPONENTS = 8  # step 1: the most principal components the design may keep
 SCORE_QUANTILE = 0.01  # step 1: every principal score is clipped to its 1% and 99% quantiles (winsorized_scores)
 CELL_NOISE_RATIO = 0.5  # step 4: the linear fit from cell means when its noise energy is at most this of the sums'
+CELL_COMPONENTS = 3  # ... and the design has at most this many components (2^k cells: each holds n/8 rows or more)
 RESIDUAL_BINS = 32
 CALIBRATED_PRIOR_FRACTION = 0.5
 
@@ -288,11 +295,16 @@ def linear_fit_choice(design, bound: float, width: float, eps_s: float) -> dict:
     a known expected energy into the centred predictions (:func:`~rpwjax.pipelines.statistics.fit_noise_energy`);
     the cells are chosen when theirs is at most :data:`CELL_NOISE_RATIO` of the sums'. A cell mean's noise does
     not grow with the L1 bound, the sums' does; but the cells see the design only through their mean rows, a
-    coarser view (a bias the noise energies do not count), hence the factor. Returns the record
-    (``estimator``, ``cells``, ``noise_sums``, ``noise_cells``) and ``cell_index`` (one cell per row)."""
+    coarser view (a bias the noise energies do not count), hence the factor; and only with at most
+    :data:`CELL_COMPONENTS` components: with 8 (256 cells), the validation folds of California found the cells
+    worse although their noise energy was under half the sums' (README). With more components no cells are
+    formed. Returns the record (``estimator``, ``cells``, ``noise_sums``, ``noise_cells``; the last two None
+    when no cells were formed) and ``cell_index`` (one cell per row, or None)."""
     k = design.shape[1] - 1
-    cells = median_cells(design[:, 1:], k)
     sums = fit_noise_energy(design, width, bound, eps_s)
+    if k > CELL_COMPONENTS:
+        return {"estimator": "sums", "cells": None, "noise_sums": sums, "noise_cells": None, "cell_index": None}
+    cells = median_cells(design[:, 1:], k)
     by_cells = fit_noise_energy(design, width, bound, eps_s, cells=cells)
     return {"estimator": "cells" if by_cells <= CELL_NOISE_RATIO * sums else "sums", "cells": int(cells.max()) + 1,
             "noise_sums": sums, "noise_cells": by_cells, "cell_index": cells}

@@ -214,15 +214,24 @@ def median_cells(scores, depth: int):
     if z.ndim != 2 or z.shape[1] < 1:
         raise InputError(f"scores must be (n, k) with k >= 1, got shape {z.shape}")
     rows, k = z.shape
+    depth = int(depth)
+    if not 0 <= depth <= 30:
+        raise InputError(f"depth must lie in [0, 30], got depth={depth!r}")
     cell = np.zeros(rows, np.int64)
-    for level in range(int(depth)):
-        order = np.lexsort((z[:, level % k], cell))
+    rank = np.empty((rows, min(k, max(depth, 0))), np.int64)  # each score's rank among the rows, ties by row order
+    for j in range(rank.shape[1]):
+        rank[np.argsort(z[:, j], kind="stable"), j] = np.arange(rows)
+    position = np.arange(rows)
+    for level in range(depth):
+        order = np.argsort(cell * rows + rank[:, level % k])  # by cell, then by the score within it
         ranked = cell[order]
-        start = np.searchsorted(ranked, ranked, side="left")  # first position of each row's cell
-        size = np.bincount(ranked)[ranked]
-        upper = (np.arange(rows) - start) >= size // 2
-        cell[order] = 2 * ranked + upper
-    return np.unique(cell, return_inverse=True)[1].reshape(-1)
+        count = np.bincount(ranked)
+        first = np.cumsum(count) - count  # where each cell's rows start in that order
+        cell[order] = 2 * ranked + (position - first[ranked] >= count[ranked] // 2)
+    count = np.bincount(cell, minlength=1 << depth)
+    if np.all(count > 0):
+        return cell
+    return (np.cumsum(count > 0) - 1)[cell]  # number the cells that hold rows 0 to C - 1, in order
 
 
 def _cell_system(design, cells, width: float, epsilon: float):
