@@ -230,10 +230,8 @@ def test_step_4_fits_on_cells_where_they_halve_the_noise_and_their_centres_err_l
 
     errors = {e: np.mean([error(e, s) for s in range(12)]) for e in ("sums", "cells")}
     assert errors["cells"] < 0.8 * errors["sums"]
-    labels, record = auto.auto_labels(x, y, LO, HI, 0.05, secret=Secret.from_seed(5))
+    _, record = auto.auto_labels(x, y, LO, HI, 0.05, secret=Secret.from_seed(5))
     assert record["auto"]["fit"] == {k: v for k, v in choice.items() if k != "cell_index"}
-    # n·ε₁ = 8: the residual histogram cannot be read, the row priors keep the centres as their means
-    assert record["row_prior"] == "mean-matched"
     wide = rng.normal(size=(n, 8))
     design, bound = auto.afforded_design(wide, 4.0)
     assert design.shape[1] - 1 == auto.COMPONENTS > auto.CELL_COMPONENTS
@@ -501,31 +499,6 @@ def test_denoised_release_reads_the_residual_model_as_censored_at_the_range(monk
     _, record = auto.auto_labels(x, y, 0.0, 20.0, 0.5, secret=Secret.from_seed(8))
     # one call, with the rounded centres' levels (a row's prior is its level's, not built again per row)
     assert record["auto"]["plan"]["branch"] == "denoised" and len(calls) == 1 and 1 < calls[0] <= auto.LEVELS + 1
-    assert record["row_prior"] == "censored"  # n·ε₁ = 200: the residual histogram is read
-
-
-def test_an_unreadable_residual_histogram_gives_row_priors_whose_mean_is_the_centre():
-    """A residual law fitted far from 0 and wide (what a Laplace fit to a histogram with n·ε₁ ≈ 8 can give):
-    the censored row priors' means miss the centres by more than a unit of a range of 5, and a release whose ε
-    leaves the posterior near the prior's mean hands that to every label. The mean-matched priors centre the
-    law and narrow it until each prior's mean is its centre to within half a grid bin; a centred narrow law
-    in the middle of the range needs no narrowing and gives the censored priors themselves."""
-    edges = np.linspace(-5.0, 5.0, 65)
-    mass = residuals._laplace_masses(edges, np.array([1.5]), np.array([2.0]))[0]
-    centres = np.array([0.0, 0.3, 1.0, 2.5, 4.2, 5.0])
-    matched = residuals.mean_matched_priors(edges, mass, centres, LO, HI)
-    censored = residuals.censored_priors(edges, mass, centres, LO, HI)
-    middle = 0.5 * (matched.left + matched.right)
-    np.testing.assert_allclose(matched.mass.sum(axis=1), 1.0)
-    assert np.all(np.abs(np.sum(matched.mass * middle, axis=1) - centres) <= 0.5 * (HI - LO) / 64 + 1e-12)
-    assert np.max(np.abs(np.sum(censored.mass * middle, axis=1) - centres)) > 1.0
-    spread = np.sum(matched.mass > 1e-9, axis=1)
-    assert np.all(spread[1:-1] > 1) and spread[0] == spread[-1] == 1  # inside: narrowed, not a point; at an end
-    # of the range only a point mass has the end as its mean
-    narrow = residuals._laplace_masses(edges, np.array([0.0]), np.array([0.2]))[0]
-    inner = np.array([2.0, 2.5, 3.1])
-    np.testing.assert_allclose(residuals.mean_matched_priors(edges, narrow, inner, LO, HI).mass,
-                               residuals.censored_priors(edges, narrow, inner, LO, HI).mass, atol=1e-12)
 
 
 @pytest.mark.slow

@@ -104,9 +104,8 @@ import numpy as np
 from rpwjax.errors import check_choice, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.pipelines.linear_prior import check_features, linear_centres, release_around, residual_prior_around
-from rpwjax.pipelines.residuals import (CENTRE_GROUPS, centre_groups, clipping_error, histogram_is_reliable,
-                                       release_bins, residual_clip_range, unbiased_residual_fit,
-                                       unbiased_residual_release)
+from rpwjax.pipelines.residuals import (CENTRE_GROUPS, centre_groups, clipping_error, residual_clip_range,
+                                       unbiased_residual_fit, unbiased_residual_release)
 from rpwjax.pipelines.statistics import (bounded_design, fit_noise_energy, fit_signal_to_noise, median_cells,
                                          principal_scores, private_cell_fit, private_slope, winsorized_scores)
 from rpwjax.release_path import sidecar_fields
@@ -354,10 +353,7 @@ def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int 
         out, fields = _grouped_unbiased(prior, y, lo, hi, eps2, s)
         mechanism = "unbiased"
     else:
-        readable = histogram_is_reliable(y.size, p.residual_histogram_epsilon,
-                                         release_bins(y.size, p.residual_histogram_epsilon, RESIDUAL_BINS))
-        out, fields = release_around(prior, y, lo, hi, eps2, s, "rpwithprior", levels=LEVELS, censored=True,
-                                     mean_matched=not readable)
+        out, fields = release_around(prior, y, lo, hi, eps2, s, "rpwithprior", levels=LEVELS, censored=True)
         mechanism = "rpwithprior"
     record = {"pipeline": "auto", "epsilon": eps, "rows": int(y.size),
               "statistics_epsilon": p.statistics_epsilon, "residual_histogram_epsilon": p.residual_histogram_epsilon,
