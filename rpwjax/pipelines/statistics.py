@@ -218,7 +218,7 @@ def median_cells(scores, depth: int):
     if not 0 <= depth <= 30:
         raise InputError(f"depth must lie in [0, 30], got depth={depth!r}")
     cell = np.zeros(rows, np.int64)
-    rank = np.empty((rows, min(k, max(depth, 0))), np.int64)  # each score's rank among the rows, ties by row order
+    rank = np.empty((rows, min(k, depth)), np.int64)  # each score's rank among the rows, ties by row order
     for j in range(rank.shape[1]):
         rank[np.argsort(z[:, j], kind="stable"), j] = np.arange(rows)
     position = np.arange(rows)
@@ -256,9 +256,9 @@ def private_cell_fit(design, labels, lo, hi, epsilon, secret: Secret, *, cells):
     the posterior mean of the coefficients of y - c on the cells' mean design rows Z under the cell means'
     noise (precision Ω_c = (ε·n_c/(hi - lo))²/2) and the prior scale τ = (hi - lo)/4 of
     :func:`private_linear_fit`: θ = (ZᵀΩZ + I/τ²)⁻¹ZᵀΩ(m̃ - c). No L1 bound enters: a cell mean's
-    sensitivity does not depend on the features, so its noise per cell is about 1/B of the sums' (B the
-    bound of :func:`private_linear_fit`) and nothing is shared between the coefficients. Returns (θ, c) as
-    :func:`private_linear_fit` does (predict with ``design @ θ + c``)."""
+    sensitivity, (hi - lo)/n_c, does not depend on the features, and the coefficients do not share one
+    budget as the sums of :func:`private_linear_fit` do. ``cells`` must be a function of the public features
+    only. Returns (θ, c) as :func:`private_linear_fit` does (predict with ``design @ θ + c``)."""
     eps = float(check_epsilon(epsilon))
     lo, hi = check_range(lo, hi)
     check_secret(secret)
