@@ -99,13 +99,7 @@ def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound
     λ = 2b²/(τ² n), τ = (hi - lo)/4, is the posterior mean for coefficients of prior scale τ under
     noise of variance 2b² (a rule on public numbers: the noise is known, the labels are not read).
     Returns θ (predict with ``design @ θ + c``)."""
-    eps = float(check_epsilon(epsilon))
-    lo, hi = check_range(lo, hi)
-    check_secret(secret)
-    y = check_labels(labels, lo, hi)
-    design = np.asarray(design, np.float64)
-    if design.ndim != 2 or design.shape[0] != y.size:
-        raise InputError(f"design must be (n, d) with one row per label, got shape {design.shape}")
+    eps, lo, hi, y, design = _fit_inputs(design, labels, lo, hi, epsilon, secret)
     norms = np.abs(design).sum(axis=1)
     if np.any(norms > bound * (1 + 1e-12)):
         raise InputError(f"every design row must have L1 norm <= bound={bound!r}, got {float(norms.max())!r}")
@@ -116,6 +110,18 @@ def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound
     _, ridge = _fit_noise(d, y.size, hi - lo, bound, eps)
     gram = design.T @ design + ridge * np.eye(d)
     return np.linalg.solve(gram, noisy.astype(np.float64) * unit), centre
+
+
+def _fit_inputs(design, labels, lo, hi, epsilon, secret):
+    """The checked inputs of a private linear fit: ``(ε, lo, hi, labels, design)``, one design row per label."""
+    eps = float(check_epsilon(epsilon))
+    lo, hi = check_range(lo, hi)
+    check_secret(secret)
+    y = check_labels(labels, lo, hi)
+    design = np.asarray(design, np.float64)
+    if design.ndim != 2 or design.shape[0] != y.size:
+        raise InputError(f"design must be (n, d) with one row per label, got shape {design.shape}")
+    return eps, lo, hi, y, design
 
 
 def _noisy_sums(weights, y, centre, unit, eps, stream):
@@ -259,13 +265,7 @@ def private_cell_fit(design, labels, lo, hi, epsilon, secret: Secret, *, cells):
     sensitivity, (hi - lo)/n_c, does not depend on the features, and the coefficients do not share one
     budget as the sums of :func:`private_linear_fit` do. ``cells`` must be a function of the public features
     only. Returns (θ, c) as :func:`private_linear_fit` does (predict with ``design @ θ + c``)."""
-    eps = float(check_epsilon(epsilon))
-    lo, hi = check_range(lo, hi)
-    check_secret(secret)
-    y = check_labels(labels, lo, hi)
-    design = np.asarray(design, np.float64)
-    if design.ndim != 2 or design.shape[0] != y.size:
-        raise InputError(f"design must be (n, d) with one row per label, got shape {design.shape}")
+    eps, lo, hi, y, design = _fit_inputs(design, labels, lo, hi, epsilon, secret)
     z, weight, count = _cell_system(design, cells, hi - lo, eps)
     order = np.argsort(np.asarray(cells), kind="stable")
     groups = np.split(y[order], np.cumsum(count.astype(np.int64))[:-1])
