@@ -268,11 +268,11 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret):
         m = np.clip(design @ theta + centre, lo, hi)
     else:
         theta, m = linear_centres(design, bound, y, lo, hi, p.statistics_epsilon, secret)
-        cells = None
     eps2 = p.release_epsilon
     calibration = None
-    if p.branch == "denoised":
-        snr = fit_signal_to_noise(design, theta, hi - lo, bound, p.statistics_epsilon, cells=cells)
+    if p.branch == "denoised":  # the fit's noise energy, computed for the choice, is the ratio's denominator
+        snr = fit_signal_to_noise(design, theta, hi - lo, bound, p.statistics_epsilon,
+                                  noise=fit["noise_cells" if fit["estimator"] == "cells" else "noise_sums"])
         calibration = {"signal_to_noise": snr if math.isfinite(snr) else None, "epsilon": 0.0, "slope": 1.0}
         mean = float(np.mean(m))
         if snr < CALIBRATE_BELOW and np.ptp(m) > 0:

@@ -161,17 +161,20 @@ def fit_noise_energy(design, width: float, bound: float, epsilon: float, *, cell
     return float(np.trace(inverse @ information @ inverse @ (centred.T @ centred)))
 
 
-def fit_signal_to_noise(design, theta, width: float, bound: float, epsilon: float, *, cells=None) -> float:
+def fit_signal_to_noise(design, theta, width: float, bound: float, epsilon: float, *, cells=None,
+                        noise: float | None = None) -> float:
     """How far the ε-DP linear fit's predictions stand above its own noise: (‖X̄θ‖² - N)/N, X̄ the design with
     its columns centred and N the expected energy the fit's noise alone puts into the centred predictions
-    (:func:`fit_noise_energy`; ``cells``: the fit was :func:`private_cell_fit`'s on those cells).
+    (:func:`fit_noise_energy`; ``cells``: the fit was :func:`private_cell_fit`'s on those cells; ``noise``: that
+    energy, when the caller has computed it already).
 
     An estimate of the signal's energy over the noise's: about 0 when the features say nothing about the
     label, large when the fit is well measured; infinite when the design has no column that varies (the
     predictions are a constant, there is nothing to weigh). A function of the released θ and public numbers
     only (post-processing): it reads no label."""
     design = np.asarray(design, np.float64)
-    noise = fit_noise_energy(design, width, bound, epsilon, cells=cells)
+    if noise is None:
+        noise = fit_noise_energy(design, width, bound, epsilon, cells=cells)
     centred = design - design.mean(axis=0)
     if not noise > 0:
         return math.inf
