@@ -30,7 +30,14 @@ def test_plan_reads_public_numbers_only_and_spends_exactly_epsilon():
             p = auto.plan(eps, rows, 8, 7.0, 5.0)
             branches.append(p.branch)
             assert p.statistics_epsilon + p.residual_histogram_epsilon + p.release_epsilon == pytest.approx(eps, abs=1e-12)
-            assert p.release_epsilon >= 0.4 * eps - 1e-12
+            if p.row_prior == "mean-matched":  # the release cannot inform a model: 70% to the fit, 20% released
+                assert p.branch == "denoised" and p.unbiased_noise_ratio >= auto.UNINFORMATIVE_RELEASE
+                assert p.statistics_epsilon == pytest.approx(auto.UNINFORMATIVE_STATS_SHARE * eps, abs=1e-15)
+                assert p.release_epsilon == pytest.approx(0.2 * eps, abs=1e-12)
+            else:
+                assert p.release_epsilon >= 0.4 * eps - 1e-12
+                assert p.row_prior == ("censored" if p.branch == "denoised" else None)
+                assert p.branch != "denoised" or p.unbiased_noise_ratio < auto.UNINFORMATIVE_RELEASE
             assert p.rho_at_half == pytest.approx(auto.relative_coefficient_noise(rows, 8, 7.0, eps / 2))
             if p.branch == "calibrated":
                 assert p.rho_at_half > auto.AFFORD_RHO and p.statistics_epsilon == 0.0
@@ -44,7 +51,11 @@ def test_plan_reads_public_numbers_only_and_spends_exactly_epsilon():
         order = {"calibrated": 0, "denoised": 1, "unbiased": 2}
         ranks = [order[b] for b in branches[-10:]]
         assert ranks == sorted(ranks)
+        # nor from a release that can inform a model back to one that cannot
+        uninformative = [auto.plan(e, rows, 8, 7.0, 5.0).row_prior == "mean-matched" for e in (0.05, 0.1, 0.3, 0.5)]
+        assert uninformative == sorted(uninformative, reverse=True)
     assert {"calibrated", "denoised", "unbiased"} <= set(branches)
+    assert auto.plan(0.05, 2_000, 1, 2.0, 5.0).row_prior == "mean-matched"  # Crime at ε = 0.05: k = 1, B ≈ 2.9
     # the noise ratio is the uniform-prior Unbiased variance, scaled by the range, over n W²/12
     p = auto.plan(2.0, 20_000, 8, 7.0, 5.0)
     assert p.unbiased_noise_ratio == pytest.approx(auto.uniform_unbiased_variance(2.0) * 12 / 20_000)
@@ -279,7 +290,8 @@ def test_step_1_affords_as_many_components_as_the_fit_can_pay_for(rng):
 
 
 @pytest.mark.parametrize("rows, eps, branch", slow_unless(
-    [(400, 0.05, "calibrated"), (1500, 0.5, "denoised"), (6000, 4.0, "unbiased")], fast=[(1500, 0.5, "denoised")]))
+    [(400, 0.05, "calibrated"), (1500, 0.05, "denoised"), (1500, 0.5, "denoised"), (6000, 4.0, "unbiased")],
+    fast=[(1500, 0.5, "denoised")]))
 def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng, monkeypatch, histogram_epsilons):
     from rpwjax.pipelines import calibrated
 
@@ -308,6 +320,7 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
         calibration = record["auto"]["calibration"]
         assert calibration["epsilon"] == eps_c in (0.0, auto.CALIBRATION_SHARE * eps)
         assert (eps_c > 0) == (calibration["signal_to_noise"] < auto.CALIBRATE_BELOW)
+        assert record["row_prior"] == plan["row_prior"]  # the release uses the row prior the plan names
     else:
         assert eps_c == 0.0
     if branch == "calibrated":
@@ -390,8 +403,67 @@ def test_private_slope_moves_by_at_most_one_label_and_recovers_the_slope(rng, mo
             assert abs(total(moved) - base) <= statistics.STATISTIC_RESOLUTION + 1 + 1e-3
     with pytest.raises(InputError, match="direction is zero"):
         statistics.private_slope(np.zeros(a.size), y, LO, HI, 1.0, Secret.from_seed(0), centre=2.5)
+    with pytest.raises(InputError, match="direction is zero"):
+        statistics.slope_noise(np.zeros(a.size), HI - LO, 1.0)
     with pytest.raises(InputError, match="centre must lie in the range"):
         statistics.private_slope(a, y, LO, HI, 1.0, Secret.from_seed(0), centre=7.0)
+
+
+def test_slope_noise_is_the_spread_of_the_private_slope(rng):
+    """slope_noise, computed from the direction and public numbers, is the standard deviation of private_slope
+    over secrets (the labels fixed, so all the spread is the noise): within [0.85, 1.15] over 400 draws."""
+    from rpwjax.pipelines import statistics
+
+    a = rng.standard_t(3, size=2000)
+    y = np.clip(2.5 + 0.6 * a + rng.normal(size=a.size), LO, HI)
+    draws = [statistics.private_slope(a, y, LO, HI, 0.2, Secret.from_seed(s), centre=2.5) for s in range(400)]
+    expected = statistics.slope_noise(a, HI - LO, 0.2)
+    assert 0.85 < np.std(draws) / expected < 1.15
+    assert statistics.slope_noise(a, HI - LO, 0.4) == pytest.approx(expected / 2)
+
+
+def test_clipped_slope_error_is_the_monte_carlo_error_and_guards_only_hopeless_slopes(rng):
+    """clipped_slope_error, in closed form, matches 10⁶ Laplace draws clipped to [0, 1]. The guard skips a slope
+    only when its noise is at least SLOPE_NOISE_BELOW and it errs more than the fit kept as it is: never for a
+    readable slope, never for a pure-noise fit (ratio <= 0: even a slope that noisy, clipped, halves the error),
+    and for a good fit (ratio 3) with a slope of noise 2."""
+    for alpha, noise in ((0.5, 1.3), (0.78, 0.28), (0.0, 1.0), (1.0, 3.0), (0.3, 0.05)):
+        draws = np.clip(alpha + rng.laplace(0.0, noise / np.sqrt(2), 1_000_000), 0.0, 1.0)
+        assert auto.clipped_slope_error(alpha, noise) == pytest.approx(np.mean((draws - alpha) ** 2), rel=0.01)
+    assert auto.clipped_slope_error(0.4, 0.0) == 0.0
+    assert auto.slope_is_worth_it(3.0, 0.99 * auto.SLOPE_NOISE_BELOW)  # readable: calibrated
+    assert not auto.slope_is_worth_it(3.0, 2.0)
+    assert auto.slope_is_worth_it(0.0, 5.0) and auto.slope_is_worth_it(-0.7, 5.0)
+    assert auto.clipped_slope_error(0.75, 2.0) > 0.25 ** 2
+
+
+def test_calibration_is_skipped_where_its_slope_is_too_noisy_to_help(rng, monkeypatch):
+    """1,600 rows at ε = 0.1, a fit whose ratio is often below CALIBRATE_BELOW: the slope's noise at ε_c
+    (slope_noise) is then wider than [0, 1]. The slope is paid for exactly when slope_is_worth_it says so; where
+    it is not (a slope that noisy, clipped, errs more than keeping the fit), nothing is paid, the slope stays
+    1, the release keeps the plan's ε₂, and the record holds the slope's noise."""
+    n = 1600
+    x = rng.normal(size=(n, 1))
+    y = np.clip(1.0 + 0.25 * x[:, 0] + 0.8 * rng.normal(size=n), LO, HI)
+    design, bound = auto.afforded_design(x, 0.1)
+    p = auto.plan(0.1, n, design.shape[1] - 1, bound, HI - LO)
+    assert p.branch == "denoised" and p.row_prior == "censored"
+    paid = spy(monkeypatch, auto, "private_slope", lambda a, k: float(a[4]))
+    skipped = 0
+    for seed in range(12):
+        before = len(paid)
+        prior, eps2, calibration = auto.feature_aware_prior(design, bound, y, LO, HI, p,
+                                                            Secret.from_seed(seed).for_epsilon(0.1))
+        if calibration["signal_to_noise"] >= auto.CALIBRATE_BELOW:
+            assert calibration["slope_noise"] is None and len(paid) == before
+            continue
+        worth = auto.slope_is_worth_it(calibration["signal_to_noise"], calibration["slope_noise"])
+        assert (len(paid) == before + 1) == worth
+        if not worth:
+            skipped += 1
+            assert calibration["slope_noise"] >= auto.SLOPE_NOISE_BELOW
+            assert calibration["epsilon"] == 0.0 and calibration["slope"] == 1.0 and eps2 == p.release_epsilon
+    assert skipped >= 3
 
 
 def test_calibration_pulls_a_noise_fit_towards_a_constant_and_leaves_a_good_fit_alone(rng, monkeypatch):
@@ -431,7 +503,8 @@ def test_calibration_pulls_a_noise_fit_towards_a_constant_and_leaves_a_good_fit_
     monkeypatch.setattr(auto, "CALIBRATE_BELOW", below)
     prior, eps2, calibration = auto.feature_aware_prior(design, bound, y, LO, HI, p, Secret.from_seed(1).for_epsilon(0.5))
     assert p.branch == "denoised" and calibration["signal_to_noise"] > 10 * auto.CALIBRATE_BELOW
-    assert calibration == {"signal_to_noise": calibration["signal_to_noise"], "epsilon": 0.0, "slope": 1.0}
+    assert calibration == {"signal_to_noise": calibration["signal_to_noise"], "epsilon": 0.0, "slope": 1.0,
+                           "slope_noise": None}
     assert eps2 == p.release_epsilon
     theta, m = linear_prior.linear_centres(design, bound, y, LO, HI, p.statistics_epsilon,
                                               Secret.from_seed(1).for_epsilon(0.5))
@@ -440,7 +513,7 @@ def test_calibration_pulls_a_noise_fit_towards_a_constant_and_leaves_a_good_fit_
     # features that never vary: the centres are a constant, there is nothing to calibrate and nothing is paid
     _, record = auto.auto_labels(np.ones((y.size, 2)), y, LO, HI, 0.3, secret=Secret.from_seed(4))
     assert record["auto"]["plan"]["branch"] == "denoised"
-    assert record["auto"]["calibration"] == {"signal_to_noise": None, "epsilon": 0.0, "slope": 1.0}
+    assert record["auto"]["calibration"] == {"signal_to_noise": None, "epsilon": 0.0, "slope": 1.0, "slope_noise": None}
 
 
 def test_clipping_error_is_the_integral_under_the_histogram(rng):
@@ -499,6 +572,54 @@ def test_denoised_release_reads_the_residual_model_as_censored_at_the_range(monk
     _, record = auto.auto_labels(x, y, 0.0, 20.0, 0.5, secret=Secret.from_seed(8))
     # one call, with the rounded centres' levels (a row's prior is its level's, not built again per row)
     assert record["auto"]["plan"]["branch"] == "denoised" and len(calls) == 1 and 1 < calls[0] <= auto.LEVELS + 1
+
+
+def test_mean_matched_row_priors_keep_the_centre_as_their_mean():
+    """A residual law fitted far from 0 and wide (what a Laplace fit to a histogram with n·ε₁ ≈ 8 can give):
+    the censored row priors' means miss the centres by more than a unit of a range of 5. The mean-matched
+    priors centre the law and narrow it until each prior's mean is its centre to within half a grid bin; a
+    centred narrow law in the middle of the range needs no narrowing and gives the censored priors themselves."""
+    edges = np.linspace(-5.0, 5.0, 65)
+    mass = residuals._laplace_masses(edges, np.array([1.5]), np.array([2.0]))[0]
+    centres = np.array([0.0, 0.3, 1.0, 2.5, 4.2, 5.0])
+    matched = residuals.mean_matched_priors(edges, mass, centres, LO, HI)
+    censored = residuals.censored_priors(edges, mass, centres, LO, HI)
+    middle = 0.5 * (matched.left + matched.right)
+    np.testing.assert_allclose(matched.mass.sum(axis=1), 1.0)
+    assert np.all(np.abs(np.sum(matched.mass * middle, axis=1) - centres) <= 0.5 * (HI - LO) / 64 + 1e-12)
+    assert np.max(np.abs(np.sum(censored.mass * middle, axis=1) - centres)) > 1.0
+    spread = np.sum(matched.mass > 1e-9, axis=1)
+    # inside the range: narrowed, not a point; at an end of the range only a point mass has the end as its mean
+    assert np.all(spread[1:-1] > 1) and spread[0] == spread[-1] == 1
+    narrow = residuals._laplace_masses(edges, np.array([0.0]), np.array([0.2]))[0]
+    inner = np.array([2.0, 2.5, 3.1])
+    np.testing.assert_allclose(residuals.mean_matched_priors(edges, narrow, inner, LO, HI).mass,
+                               residuals.censored_priors(edges, narrow, inner, LO, HI).mass, atol=1e-12)
+
+
+def test_an_uninformative_release_keeps_the_labels_on_the_centres(rng):
+    """1,600 rows at ε = 0.05 (Crime's size): the release's ε₂ cannot inform a model (Q >= 1), so the plan gives
+    70% of ε to the fit and names mean-matched row priors. The labels then sit close to their priors' means.
+    Given a residual law fitted 1.5 off 0 and wide (a noisy histogram's), censored priors move every label's
+    mean by about that; mean-matched ones keep the labels' mean within 0.1 of the centres' and err less."""
+    n = 1600
+    x = rng.normal(size=(n, 1))
+    y = np.clip(1.0 + 0.4 * x[:, 0] + 0.6 * rng.normal(size=n), LO, HI)
+    design, bound = auto.afforded_design(x, 0.05)
+    p = auto.plan(0.05, n, design.shape[1] - 1, bound, HI - LO)
+    assert p.branch == "denoised" and p.row_prior == "mean-matched"
+    s = Secret.from_seed(3).for_epsilon(0.05)
+    fitted, eps2, _ = auto.feature_aware_prior(design, bound, y, LO, HI, p, s)
+    edges = np.linspace(-(HI - LO), HI - LO, 65)
+    bad = dataclasses.replace(fitted, edges=edges,
+                              mass=residuals._laplace_masses(edges, np.array([1.5]), np.array([2.0]))[0])
+    out = {mm: linear_prior.release_around(bad, y, LO, HI, eps2, s, "rpwithprior", levels=auto.LEVELS,
+                                           censored=True, mean_matched=mm)[0] for mm in (False, True)}
+    shift = {mm: abs(float(out[mm].mean() - fitted.centres.mean())) for mm in out}
+    assert shift[True] < 0.1 < 1.0 < shift[False]
+    assert np.mean((out[True] - y) ** 2) < 0.5 * np.mean((out[False] - y) ** 2)
+    labels, record = auto.auto_labels(x, y, LO, HI, 0.05, secret=Secret.from_seed(3))
+    assert record["row_prior"] == "mean-matched" and record["statistics_epsilon"] == p.statistics_epsilon
 
 
 @pytest.mark.slow

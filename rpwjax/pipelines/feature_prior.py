@@ -12,7 +12,8 @@ partition search (RR-on-Bins) per row, so rows are grouped by their centre
 m(x) into auto's public quantile groups (:func:`~rpwjax.pipelines.residuals.centre_groups`) (a function of the released
 model and the public features) and each group gets the mechanism fitted to
 the prior auto's release gives a row at the group's median centre, y = clip(m + r) on the
-range (:func:`~rpwjax.pipelines.residuals.censored_priors`; with a 1e-6 share of the uniform density, so that no part of the
+range (:func:`~rpwjax.pipelines.residuals.censored_priors`, or mean-matched where auto's plan says so,
+:func:`~rpwjax.pipelines.residuals.mean_matched_priors`; with a 1e-6 share of the uniform density, so that no part of the
 range has zero mass; 1e-2 when the solver fails on the first). Each label is released once, by its group's
 parameters: ε_s + ε₁ + ε_c + ε₂ = ε (ε_c = 0 unless the fit is calibrated).
 """
@@ -25,7 +26,7 @@ from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms import entry
 from rpwjax.pipelines.linear_prior import check_features, linear_residual_prior
-from rpwjax.pipelines.residuals import censored_priors, centre_groups
+from rpwjax.pipelines.residuals import censored_priors, centre_groups, mean_matched_priors
 from rpwjax.priors import Prior
 from rpwjax.release_path import release, sidecar_fields
 
@@ -59,8 +60,9 @@ def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, m
     out = np.empty(y.size)
     fields = []
     fit = entry(mechanism).fit
+    row_priors = mean_matched_priors if p.row_prior == "mean-matched" else censored_priors  # as auto's release
     for g, rows in centre_groups(prior.centres, auto.GROUPS):
-        shifted = censored_priors(prior.edges, prior.mass, np.median(prior.centres[rows])[None], lo, hi)
+        shifted = row_priors(prior.edges, prior.mass, np.median(prior.centres[rows])[None], lo, hi)
         left, right, mass = (np.asarray(v, np.float64)[0] for v in (shifted.left, shifted.right, shifted.mass))
         width = right - left
         uniform = np.where(width > 0, width / (hi - lo), 0.0)

@@ -19,8 +19,8 @@ import numpy as np
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms.rpwithprior import choose_zeta, fit_rpwithprior_per_row
-from rpwjax.pipelines.residuals import (censored_priors, residual_histogram, shifted_priors, unbiased_residual_fit,
-                                       unbiased_residual_release)
+from rpwjax.pipelines.residuals import (censored_priors, mean_matched_priors, residual_histogram, shifted_priors,
+                                       unbiased_residual_fit, unbiased_residual_release)
 from rpwjax.pipelines.statistics import private_linear_fit, public_design
 from rpwjax.posterior import posterior_mean_per_row
 from rpwjax.priors import histogram_prior
@@ -66,7 +66,8 @@ def residual_prior_around(centres, design, bound, labels, lo, hi, eps1, secret: 
 
 
 def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Secret, stage2: str, *,
-                   unbiased_fit=None, levels: int | None = None, censored: bool = False):
+                   unbiased_fit=None, levels: int | None = None, censored: bool = False,
+                   mean_matched: bool = False):
     """Release 3 (child secret "release"), once per label: ``(labels, fields)``.
 
     ``stage2="rpwithprior"``: RPWithPrior with a per-row exact interval under the row's prior (the residual
@@ -77,7 +78,9 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
     search runs once per level, not once per row (what makes a million rows take seconds). ``censored``: the
     row's prior is the censored one, y = clip(m + r) (:func:`~rpwjax.pipelines.residuals.censored_priors`),
     instead of the residual prior shifted to m and truncated to the range
-    (:func:`~rpwjax.pipelines.residuals.shifted_priors`).
+    (:func:`~rpwjax.pipelines.residuals.shifted_priors`). ``mean_matched``: the row's prior is the censored one
+    with the residual law centred and narrowed until its mean is the row's centre
+    (:func:`~rpwjax.pipelines.residuals.mean_matched_priors`).
     """
     if stage2 not in STAGE2:
         raise InputError(f"stage2 must be one of {', '.join(STAGE2)}, got stage2={stage2!r}")
@@ -85,7 +88,7 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
         params, residual_range, _ = unbiased_fit or unbiased_residual_fit(prior.edges, prior.mass, hi - lo, eps2)
         out, _ = unbiased_residual_release(params, residual_range, prior.centres, labels, secret.child("release"))
         return out, {"residual_range": list(residual_range), "denoised": False, "release": sidecar_fields(params)}
-    row_priors = censored_priors if censored else shifted_priors
+    row_priors = mean_matched_priors if mean_matched else censored_priors if censored else shifted_priors
     zeta = float(choose_zeta(histogram_prior(prior.edges, prior.mass), eps2)[0])
     centres = prior.centres
     if levels is not None:
@@ -103,7 +106,8 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
         priors = row_priors(prior.edges, prior.mass, centres, lo, hi)
         params = fit_rpwithprior_per_row(priors, zeta, eps2)
     noisy = release(params, secret.child("release"), labels)
-    return posterior_mean_per_row(params, priors, noisy), {"zeta": zeta, "denoised": True,
+    row_prior = "mean-matched" if mean_matched else "censored" if censored else "truncated"
+    return posterior_mean_per_row(params, priors, noisy), {"zeta": zeta, "denoised": True, "row_prior": row_prior,
                                                            "release": sidecar_fields(params)}
 
 

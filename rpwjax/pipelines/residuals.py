@@ -122,6 +122,48 @@ def censored_priors(edges, mass, centres, lo, hi) -> Prior:
                  False, "feature-aware")
 
 
+NARROWING = 0.9 ** np.arange(64)  # mean_matched_priors: the candidate factors λ, widest first (then 0)
+
+
+def mean_matched_priors(edges, mass, centres, lo, hi) -> Prior:
+    """Row i: the prior of y = clip(m_i + λ_i·(r - r̄), lo, hi), r from the residual histogram (uniform within its
+    bins) and r̄ its mean, on the public grid of :func:`censored_priors`: the residual law centred on 0 and
+    narrowed by λ_i, the largest of 1, 0.9, 0.81, ... (64 of them, then 0) for which the prior's mean is m_i
+    to within half a bin of that grid (a point mass at m_i, λ = 0, always is). Post-processing.
+
+    For a release that cannot move a label far from its prior's mean (auto's step 3 says when): the labels
+    are then close to the priors' means, and a model trained on them learns those means. The centres are the
+    private model's predictions of the label's mean; :func:`censored_priors` adds to them the residual law's
+    location and what censoring a wide law at the range's ends does, both mostly noise when the residual
+    histogram was released with a tiny ε. This prior keeps the centre as its mean and takes from the
+    histogram only its shape, as wide as that allows."""
+    edges = np.asarray(edges, np.float64)
+    mass = np.asarray(mass, np.float64)
+    c = np.asarray(centres, np.float64)
+    lo, hi = float(lo), float(hi)
+    cdf = np.concatenate([[0.0], np.cumsum(mass)])
+    cdf /= cdf[-1]
+    mids = 0.5 * (edges[1:] + edges[:-1])
+    shifted = edges - float(mids @ (mass / mass.sum()))  # the residual law centred on its mean
+    grid = np.linspace(lo, hi, mass.size + 1)
+    middle = 0.5 * (grid[1:] + grid[:-1])
+    factors = np.concatenate([NARROWING, [0.0]])
+    out = np.empty((c.size, mass.size))
+    for i, m in enumerate(c):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = (grid[None, :] - m) / factors[:, None]  # (candidates, grid): the grid in residual units
+        t = np.where(np.isnan(t), 0.0, t)  # λ = 0 at a grid point equal to m
+        below = np.interp(t, shifted, cdf)
+        below[:, 0], below[:, -1] = 0.0, 1.0  # censoring, as in censored_priors
+        p = np.maximum(np.diff(below, axis=1), 0.0)
+        p /= p.sum(axis=1, keepdims=True)
+        ok = np.abs(p @ middle - m) <= 0.5 * (hi - lo) / mass.size + 1e-12 * (hi - lo)
+        out[i] = p[int(np.argmax(ok))]
+    shape = (c.size, mass.size)
+    return Prior(np.broadcast_to(grid[:-1], shape).copy(), np.broadcast_to(grid[1:], shape).copy(), out, lo, hi,
+                 False, "feature-aware")
+
+
 CENTRE_GROUPS = 8  # public groups of rows by their centre (auto's unbiased release, the fair comparison)
 
 

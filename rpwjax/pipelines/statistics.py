@@ -185,6 +185,25 @@ def fit_signal_to_noise(design, theta, width: float, bound: float, epsilon: floa
 SLOPE_CLIP_QUANTILE = 0.95  # the slope's weights are the direction clipped at this quantile of its magnitudes
 
 
+def _slope_weights(a):
+    """:func:`private_slope`'s clip κ and weights w = a clipped to ±κ (public: the direction only)."""
+    kappa = float(np.quantile(np.abs(a), SLOPE_CLIP_QUANTILE))
+    if not kappa > 0:
+        kappa = float(np.max(np.abs(a)))
+    if not kappa > 0:
+        raise InputError("direction is zero on every row: there is no slope to estimate")
+    return kappa, np.clip(a, -kappa, kappa)
+
+
+def slope_noise(direction, width: float, epsilon: float) -> float:
+    """The standard deviation of the noise :func:`private_slope` adds to its slope on ``direction`` at ``epsilon``
+    for a range of width ``width``: the sum's discrete Laplace noise (scale about κ·width/ε, variance
+    2(κ·width/ε)²) over Σ w·a. Public numbers and the direction only: it reads no label."""
+    a = np.asarray(direction, np.float64)
+    kappa, w = _slope_weights(a)
+    return math.sqrt(2.0) * kappa * float(width) / float(check_epsilon(epsilon)) / abs(float(w @ a))
+
+
 def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre: float) -> float:
     """ε-DP slope α of the labels on a public direction a (one number per row): y ≈ centre + α·a.
 
@@ -204,12 +223,7 @@ def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre:
         raise InputError(f"direction must be finite with one value per label, got shape {a.shape}")
     if not lo <= centre <= hi:
         raise InputError(f"centre must lie in the range [{lo}, {hi}], got centre={centre!r}")
-    kappa = float(np.quantile(np.abs(a), SLOPE_CLIP_QUANTILE))
-    if not kappa > 0:
-        kappa = float(np.max(np.abs(a)))
-    if not kappa > 0:
-        raise InputError("direction is zero on every row: there is no slope to estimate")
-    w = np.clip(a, -kappa, kappa)
+    kappa, w = _slope_weights(a)
     unit = (hi - lo) * kappa / STATISTIC_RESOLUTION
     total = int(_noisy_sums(w[:, None], y, centre, unit, eps, BitStream(secret, "slope"))[0])
     return float(total * unit / float(w @ a))
