@@ -23,6 +23,14 @@ def _data(rng, n):
     return x, y
 
 
+def _one_feature(rng, eps, slope, noise, n=1600):
+    """A Crime-sized table with one feature: ``(x, y, design, bound, plan)`` at ``eps``."""
+    x = rng.normal(size=(n, 1))
+    y = np.clip(1.0 + slope * x[:, 0] + noise * rng.normal(size=n), LO, HI)
+    design, bound = auto.afforded_design(x, eps)
+    return x, y, design, bound, auto.plan(eps, n, design.shape[1] - 1, bound, HI - LO)
+
+
 def test_plan_reads_public_numbers_only_and_spends_exactly_epsilon():
     branches = []
     for rows in (300, 2_000, 20_000, 1_000_000):
@@ -220,11 +228,7 @@ def test_step_4_fits_on_cells_where_they_halve_the_noise_and_their_centres_err_l
     kept whatever the energies (no cells are formed). auto records the choice."""
     from rpwjax.pipelines import statistics
 
-    n = 1600
-    x = rng.normal(size=(n, 1))
-    y = np.clip(1.0 + 0.4 * x[:, 0] + 0.6 * rng.normal(size=n), LO, HI)
-    design, bound = auto.afforded_design(x, 0.05)
-    p = auto.plan(0.05, n, design.shape[1] - 1, bound, HI - LO)
+    x, y, design, bound, p = _one_feature(rng, 0.05, 0.4, 0.6)
     choice = auto.linear_fit_choice(design, bound, HI - LO, p.statistics_epsilon)
     assert p.branch == "denoised" and choice["estimator"] == "cells" and choice["cells"] == 2
     assert choice["noise_cells"] <= auto.CELL_NOISE_RATIO * choice["noise_sums"]
@@ -243,7 +247,7 @@ def test_step_4_fits_on_cells_where_they_halve_the_noise_and_their_centres_err_l
     assert errors["cells"] < 0.8 * errors["sums"]
     _, record = auto.auto_labels(x, y, LO, HI, 0.05, secret=Secret.from_seed(5))
     assert record["auto"]["fit"] == {k: v for k, v in choice.items() if k != "cell_index"}
-    wide = rng.normal(size=(n, 8))
+    wide = rng.normal(size=(y.size, 8))
     design, bound = auto.afforded_design(wide, 4.0)
     assert design.shape[1] - 1 == auto.COMPONENTS > auto.CELL_COMPONENTS
     choice = auto.linear_fit_choice(design, bound, HI - LO, 0.05)
@@ -442,11 +446,7 @@ def test_calibration_is_skipped_where_its_slope_is_too_noisy_to_help(rng, monkey
     (slope_noise) is then wider than [0, 1]. The slope is paid for exactly when slope_is_worth_it says so; where
     it is not (a slope that noisy, clipped, errs more than keeping the fit), nothing is paid, the slope stays
     1, the release keeps the plan's ε₂, and the record holds the slope's noise."""
-    n = 1600
-    x = rng.normal(size=(n, 1))
-    y = np.clip(1.0 + 0.25 * x[:, 0] + 0.8 * rng.normal(size=n), LO, HI)
-    design, bound = auto.afforded_design(x, 0.1)
-    p = auto.plan(0.1, n, design.shape[1] - 1, bound, HI - LO)
+    x, y, design, bound, p = _one_feature(rng, 0.1, 0.25, 0.8)
     assert p.branch == "denoised" and p.row_prior == "censored"
     paid = spy(monkeypatch, auto, "private_slope", lambda a, k: float(a[4]))
     skipped = 0
@@ -602,11 +602,7 @@ def test_an_uninformative_release_keeps_the_labels_on_the_centres(rng):
     70% of ε to the fit and names mean-matched row priors. The labels then sit close to their priors' means.
     Given a residual law fitted 1.5 off 0 and wide (a noisy histogram's), censored priors move every label's
     mean by about that; mean-matched ones keep the labels' mean within 0.1 of the centres' and err less."""
-    n = 1600
-    x = rng.normal(size=(n, 1))
-    y = np.clip(1.0 + 0.4 * x[:, 0] + 0.6 * rng.normal(size=n), LO, HI)
-    design, bound = auto.afforded_design(x, 0.05)
-    p = auto.plan(0.05, n, design.shape[1] - 1, bound, HI - LO)
+    x, y, design, bound, p = _one_feature(rng, 0.05, 0.4, 0.6)
     assert p.branch == "denoised" and p.row_prior == "mean-matched"
     s = Secret.from_seed(3).for_epsilon(0.05)
     fitted, eps2, _ = auto.feature_aware_prior(design, bound, y, LO, HI, p, s)
