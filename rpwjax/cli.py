@@ -348,6 +348,7 @@ def cmd_curves(args) -> int:
         mechanisms=tuple(args.mechanisms) if args.mechanisms else SweepConfig.mechanisms,
         epsilons=tuple(args.epsilon) if args.epsilon else PAPER_EPSILONS,
         seeds=args.seeds,
+        first_seed=args.first_seed,
         epochs=args.epochs,
         prior=args.prior,
         prior_epsilon=args.prior_epsilon,
@@ -536,6 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mechanisms", nargs="+", choices=list(MECHANISMS), default=None, help="default: all six")
     p.add_argument("--epsilon", type=float, nargs="+", default=None, help="default: the paper's ten values")
     p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--first-seed", type=int, default=0, metavar="N",
+                   help="seeds N .. N + SEEDS - 1 (default 0); fresh seeds give an independent replicate of a sweep")
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--prior", choices=list(PRIORS), default="private", help="default private (Hist_eps)")
     p.add_argument("--prior-epsilon", type=float, default=None, help="epsilon_1 (default 0.1*epsilon)")

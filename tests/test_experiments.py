@@ -62,6 +62,19 @@ def test_one_cell_rerun_alone_reproduces(crime_split, small_sweep):
         assert r["test_mse"] == pytest.approx(orig["test_mse"], rel=1e-3)  # float32 batched training
 
 
+def test_fresh_seeds_replicate_a_sweep_with_other_draws(crime_split, tiny_sweep):
+    """first_seed = 1 runs seed 1 and 2: seed 1's row is the tiny sweep's own (same labels, same model seed),
+    seed 2's labels are new draws."""
+    config = SweepConfig(mechanisms=("laplace",), epsilons=(1.0,), seeds=2, first_seed=1, epochs=1)
+    again = run_sweep(crime_split, config, progress=False)
+    seen = {r["seed"]: r for r in again if r["mechanism"] == "laplace"}
+    assert sorted(seen) == [1, 2] and sorted(r["seed"] for r in again if r["mechanism"] == NON_PRIVATE) == [1, 2]
+    (one,) = [r for r in tiny_sweep if r["mechanism"] == "laplace" and r["seed"] == 1]
+    assert seen[1]["label_mse"] == one["label_mse"]
+    assert seen[1]["test_mse"] == pytest.approx(one["test_mse"], rel=1e-3)
+    assert seen[2]["label_mse"] not in {r["label_mse"] for r in tiny_sweep}
+
+
 def test_privatize_grid_releases_every_epsilon_on_its_public_grid(crime_split):
     y, lo, hi = crime_split.y_train, crime_split.lo, crime_split.hi
     fit = api.fit("laplace", y, range=(lo, hi), epsilon=[0.5, 4.0], prior="empirical")
@@ -123,6 +136,8 @@ def test_curves_needs_a_range_with_data(tmp_path, capsys):
 def test_bad_sweep_config():
     with pytest.raises(InputError, match="seeds=0"):
         SweepConfig(seeds=0).validate()
+    with pytest.raises(InputError, match="first_seed=-1"):
+        SweepConfig(first_seed=-1).validate()
     with pytest.raises(InputError, match="mechanism='magic'"):
         SweepConfig(mechanisms=("magic",)).validate()
 

@@ -52,6 +52,7 @@ class SweepConfig:
     mechanisms: tuple[str, ...] = tuple(api.MECHANISMS)
     epsilons: tuple[float, ...] = PAPER_EPSILONS
     seeds: int = 3
+    first_seed: int = 0  # seeds first_seed .. first_seed + seeds - 1 (fresh ones: an independent replicate)
     epochs: int = 50
     prior: str = "private"
     prior_epsilon: float | None = None
@@ -71,6 +72,8 @@ class SweepConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or int(v) != v or v < 1:
                 raise InputError(f"{name} must be a positive integer, got {name}={v!r}")
+        if isinstance(self.first_seed, bool) or int(self.first_seed) != self.first_seed or self.first_seed < 0:
+            raise InputError(f"first_seed must be a non-negative integer, got first_seed={self.first_seed!r}")
         for v in self.variants:
             if v not in VARIANTS:
                 raise InputError(f"variant must be one of {', '.join(VARIANTS)}, got variant={v!r}")
@@ -86,6 +89,10 @@ class SweepConfig:
             raise InputError("config 'paper' is defined for rpwithprior only: run the other mechanisms under "
                              "config 'default' too, or give --mechanisms rpwithprior")
         return self
+
+    def seed_range(self) -> range:
+        """The sweep's seeds: ``first_seed`` .. ``first_seed + seeds - 1``."""
+        return range(int(self.first_seed), int(self.first_seed) + int(self.seeds))
 
     def fit_settings(self, dataset: str, mechanism: str, config: str, eps: np.ndarray) -> dict:
         """Keyword arguments of :func:`rpwjax.api.fit` for one mechanism under one config."""
@@ -117,7 +124,7 @@ def _variant_jobs(split: Split, config: SweepConfig, name: str, eps: np.ndarray,
     y = split.y_train
     jobs = []
     row = PIPELINES[name]
-    for seed in range(config.seeds):
+    for seed in config.seed_range():
         start = time.perf_counter()
         secret = Secret.from_seed(30_000 + seed)
         if row.kind == "two-stage":
@@ -169,7 +176,7 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
             # DEBIAS: the default RPWithPrior fit, its released labels debiased: (ỹ - b)/a (post-processing of the
             # same release as the plain rows of this seed, so the two rows are a paired comparison)
             fit = None
-            for seed in range(config.seeds):
+            for seed in config.seed_range():
                 if fit is None or config.prior == "private":
                     start = time.perf_counter()
                     fit = api.fit("rpwithprior" if mech == DEBIAS else mech, y, range=(split.lo, split.hi),
@@ -204,7 +211,7 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
         for name in config.variants:
             jobs.extend(job + ("default",) for job in _variant_jobs(split, config, name, eps, bar))
     # the floor: the same network on the true labels
-    for seed in range(config.seeds if config.include_floor else 0):
+    for seed in config.seed_range() if config.include_floor else ():
         jobs.append((NON_PRIVATE, math.inf, seed, np.asarray(y, np.float32), 0.0, 0.0, 0.0, "default"))
 
     rows = []
