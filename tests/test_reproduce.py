@@ -142,6 +142,11 @@ def test_the_readme_quotes_the_committed_auto_table_and_benchmark_run():
     text = reproduce.format_auto_table(reproduce.auto_table(root / "plots"))
     assert (root / "plots" / "auto" / "target.md").read_text() == text + "\n"
     assert text in readme
+    # the replicate on fresh seeds, the same table from its own tree
+    fresh = reproduce.format_auto_table(reproduce.auto_table(root / "plots" / reproduce.FRESH))
+    assert (root / "plots" / reproduce.FRESH / "auto" / "target.md").read_text() == fresh + "\n"
+    assert fresh in readme and "--first-seed" in readme
+    assert {j.name for j in reproduce.JOBS} >= {f"auto-fresh-{d}" for d in reproduce.FRESH_DATASETS}
     run = json.loads((root / "benchmarks" / "results" / "cpu" / "results.json").read_text())
     assert run["errors"] == [] and run["targets"]
     for target in run["targets"].values():
