@@ -564,7 +564,7 @@ def test_denoised_release_reads_the_residual_model_as_censored_at_the_range(monk
     s = Secret.from_seed(7).for_epsilon(1.0)
     prior = linear_prior.linear_residual_prior(design, bound, y, 0.0, 20.0, 0.4, 0.1, s)
     out = {c: linear_prior.release_around(prior, y, 0.0, 20.0, 0.5, s, "rpwithprior", levels=auto.LEVELS,
-                                          censored=c)[0] for c in (False, True)}
+                                          row_prior="censored" if c else "truncated")[0] for c in (False, True)}
     bias = {c: abs(float(out[c].mean() - y.mean())) for c in out}
     error = {c: float(np.mean((out[c] - y) ** 2)) for c in out}
     assert bias[True] < 0.5 * bias[False] and error[True] < 0.9 * error[False]
@@ -610,7 +610,7 @@ def test_an_uninformative_release_keeps_the_labels_on_the_centres(rng):
     bad = dataclasses.replace(fitted, edges=edges,
                               mass=residuals._laplace_masses(edges, np.array([1.5]), np.array([2.0]))[0])
     out = {mm: linear_prior.release_around(bad, y, LO, HI, eps2, s, "rpwithprior", levels=auto.LEVELS,
-                                           censored=True, mean_matched=mm)[0] for mm in (False, True)}
+                                           row_prior="mean-matched" if mm else "censored")[0] for mm in (False, True)}
     shift = {mm: abs(float(out[mm].mean() - fitted.centres.mean())) for mm in out}
     assert shift[True] < 0.1 < 1.0 < shift[False]
     assert np.mean((out[True] - y) ** 2) < 0.5 * np.mean((out[False] - y) ** 2)

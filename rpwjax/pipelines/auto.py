@@ -421,8 +421,7 @@ def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int 
         out, fields = _grouped_unbiased(prior, y, lo, hi, eps2, s)
         mechanism = "unbiased"
     else:
-        out, fields = release_around(prior, y, lo, hi, eps2, s, "rpwithprior", levels=LEVELS, censored=True,
-                                     mean_matched=p.row_prior == "mean-matched")
+        out, fields = release_around(prior, y, lo, hi, eps2, s, "rpwithprior", levels=LEVELS, row_prior=p.row_prior)
         mechanism = "rpwithprior"
     record = {"pipeline": "auto", "epsilon": eps, "rows": int(y.size),
               "statistics_epsilon": p.statistics_epsilon, "residual_histogram_epsilon": p.residual_histogram_epsilon,

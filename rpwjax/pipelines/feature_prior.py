@@ -25,8 +25,8 @@ import numpy as np
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms import entry
-from rpwjax.pipelines.linear_prior import check_features, linear_residual_prior
-from rpwjax.pipelines.residuals import censored_priors, centre_groups, mean_matched_priors
+from rpwjax.pipelines.linear_prior import check_features, linear_residual_prior, row_prior_builder
+from rpwjax.pipelines.residuals import centre_groups
 from rpwjax.priors import Prior
 from rpwjax.release_path import release, sidecar_fields
 
@@ -60,7 +60,7 @@ def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, m
     out = np.empty(y.size)
     fields = []
     fit = entry(mechanism).fit
-    row_priors = mean_matched_priors if p.row_prior == "mean-matched" else censored_priors  # as auto's release
+    row_priors = row_prior_builder(p.row_prior or "censored")  # as auto's release (censored where no plan names one)
     for g, rows in centre_groups(prior.centres, auto.GROUPS):
         shifted = row_priors(prior.edges, prior.mass, np.median(prior.centres[rows])[None], lo, hi)
         left, right, mass = (np.asarray(v, np.float64)[0] for v in (shifted.left, shifted.right, shifted.mass))

@@ -66,8 +66,7 @@ def residual_prior_around(centres, design, bound, labels, lo, hi, eps1, secret: 
 
 
 def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Secret, stage2: str, *,
-                   unbiased_fit=None, levels: int | None = None, censored: bool = False,
-                   mean_matched: bool = False):
+                   unbiased_fit=None, levels: int | None = None, row_prior: str = "truncated"):
     """Release 3 (child secret "release"), once per label: ``(labels, fields)``.
 
     ``stage2="rpwithprior"``: RPWithPrior with a per-row exact interval under the row's prior (the residual
@@ -75,20 +74,20 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
     release (:func:`~rpwjax.pipelines.residuals.unbiased_residual_release`), not denoised; ``unbiased_fit`` is
     the ``unbiased_residual_fit`` result when the caller has it already. ``levels``: the centres are first
     rounded to ``levels`` + 1 public levels across [lo, hi] (post-processing), so that RPWithPrior's interval
-    search runs once per level, not once per row (what makes a million rows take seconds). ``censored``: the
-    row's prior is the censored one, y = clip(m + r) (:func:`~rpwjax.pipelines.residuals.censored_priors`),
-    instead of the residual prior shifted to m and truncated to the range
-    (:func:`~rpwjax.pipelines.residuals.shifted_priors`). ``mean_matched``: the row's prior is the censored one
-    with the residual law centred and narrowed until its mean is the row's centre
+    search runs once per level, not once per row (what makes a million rows take seconds). ``row_prior``
+    (:data:`ROW_PRIORS`): "truncated", the residual prior shifted to m and cut to the range
+    (:func:`~rpwjax.pipelines.residuals.shifted_priors`); "censored", the law of y = clip(m + r)
+    (:func:`~rpwjax.pipelines.residuals.censored_priors`); "mean-matched", the censored one with the residual
+    law centred and narrowed until its mean is the row's centre
     (:func:`~rpwjax.pipelines.residuals.mean_matched_priors`).
     """
     if stage2 not in STAGE2:
         raise InputError(f"stage2 must be one of {', '.join(STAGE2)}, got stage2={stage2!r}")
+    row_priors = row_prior_builder(row_prior)
     if stage2 == "unbiased":
         params, residual_range, _ = unbiased_fit or unbiased_residual_fit(prior.edges, prior.mass, hi - lo, eps2)
         out, _ = unbiased_residual_release(params, residual_range, prior.centres, labels, secret.child("release"))
         return out, {"residual_range": list(residual_range), "denoised": False, "release": sidecar_fields(params)}
-    row_priors = mean_matched_priors if mean_matched else censored_priors if censored else shifted_priors
     zeta = float(choose_zeta(histogram_prior(prior.edges, prior.mass), eps2)[0])
     centres = prior.centres
     if levels is not None:
@@ -106,9 +105,18 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
         priors = row_priors(prior.edges, prior.mass, centres, lo, hi)
         params = fit_rpwithprior_per_row(priors, zeta, eps2)
     noisy = release(params, secret.child("release"), labels)
-    row_prior = "mean-matched" if mean_matched else "censored" if censored else "truncated"
     return posterior_mean_per_row(params, priors, noisy), {"zeta": zeta, "denoised": True, "row_prior": row_prior,
                                                            "release": sidecar_fields(params)}
+
+
+ROW_PRIORS = ("truncated", "censored", "mean-matched")
+
+
+def row_prior_builder(name: str):
+    """The residuals function that builds row priors of kind ``name`` (:data:`ROW_PRIORS`), looked up when called."""
+    if name not in ROW_PRIORS:
+        raise InputError(f"row_prior must be one of {', '.join(ROW_PRIORS)}, got row_prior={name!r}")
+    return {"truncated": shifted_priors, "censored": censored_priors, "mean-matched": mean_matched_priors}[name]
 
 
 def check_features(features, y) -> np.ndarray:

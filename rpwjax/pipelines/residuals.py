@@ -110,15 +110,29 @@ def censored_priors(edges, mass, centres, lo, hi) -> Prior:
         raise ValueError(f"the residual histogram must cover [lo - m, hi - m] for every centre m: it spans "
                          f"[{edges[0]:g}, {edges[-1]:g}], the centres [{c.min():g}, {c.max():g}] in "
                          f"[lo, hi] = [{lo:g}, {hi:g}] need [{lo - c.max():g}, {hi - c.min():g}]")
-    cdf = np.concatenate([[0.0], np.cumsum(mass)])
-    cdf /= cdf[-1]
     grid = np.linspace(lo, hi, mass.size + 1)
-    below = np.interp(grid[None, :] - c[:, None], edges, cdf)
-    below[:, 0], below[:, -1] = 0.0, 1.0  # censoring: all that lies below lo in the first bin, above hi in the last
-    m = np.maximum(np.diff(below, axis=1), 0.0)
-    m /= m.sum(axis=1, keepdims=True)
-    shape = (c.size, mass.size)
-    return Prior(np.broadcast_to(grid[:-1], shape).copy(), np.broadcast_to(grid[1:], shape).copy(), m, lo, hi,
+    return _grid_prior(_censored(np.interp(grid[None, :] - c[:, None], edges, _cdf(mass))), lo, hi)
+
+
+def _cdf(mass):
+    """The histogram's CDF at its edges (0 first, 1 last)."""
+    cdf = np.concatenate([[0.0], np.cumsum(mass)])
+    return cdf / cdf[-1]
+
+
+def _censored(below):
+    """Bin masses (rows, bins) from a law's CDF at the range's grid points (rows, bins + 1), censored at the
+    range: all that lies below lo goes to the first bin, all above hi to the last."""
+    below[..., 0], below[..., -1] = 0.0, 1.0
+    m = np.maximum(np.diff(below, axis=-1), 0.0)
+    return m / m.sum(axis=-1, keepdims=True)
+
+
+def _grid_prior(masses, lo, hi) -> Prior:
+    """A batched feature-aware Prior with ``masses`` (rows, bins) on the public grid of [lo, hi]."""
+    grid = np.linspace(lo, hi, masses.shape[-1] + 1)
+    shape = masses.shape
+    return Prior(np.broadcast_to(grid[:-1], shape).copy(), np.broadcast_to(grid[1:], shape).copy(), masses, lo, hi,
                  False, "feature-aware")
 
 
@@ -141,8 +155,7 @@ def mean_matched_priors(edges, mass, centres, lo, hi) -> Prior:
     mass = np.asarray(mass, np.float64)
     c = np.asarray(centres, np.float64)
     lo, hi = float(lo), float(hi)
-    cdf = np.concatenate([[0.0], np.cumsum(mass)])
-    cdf /= cdf[-1]
+    cdf = _cdf(mass)
     mids = 0.5 * (edges[1:] + edges[:-1])
     shifted = edges - float(mids @ (mass / mass.sum()))  # the residual law centred on its mean
     grid = np.linspace(lo, hi, mass.size + 1)
@@ -153,15 +166,10 @@ def mean_matched_priors(edges, mass, centres, lo, hi) -> Prior:
         with np.errstate(divide="ignore", invalid="ignore"):
             t = (grid[None, :] - m) / factors[:, None]  # (candidates, grid): the grid in residual units
         t = np.where(np.isnan(t), 0.0, t)  # λ = 0 at a grid point equal to m
-        below = np.interp(t, shifted, cdf)
-        below[:, 0], below[:, -1] = 0.0, 1.0  # censoring, as in censored_priors
-        p = np.maximum(np.diff(below, axis=1), 0.0)
-        p /= p.sum(axis=1, keepdims=True)
+        p = _censored(np.interp(t, shifted, cdf))  # censored as in censored_priors
         ok = np.abs(p @ middle - m) <= 0.5 * (hi - lo) / mass.size + 1e-12 * (hi - lo)
         out[i] = p[int(np.argmax(ok))]
-    shape = (c.size, mass.size)
-    return Prior(np.broadcast_to(grid[:-1], shape).copy(), np.broadcast_to(grid[1:], shape).copy(), out, lo, hi,
-                 False, "feature-aware")
+    return _grid_prior(out, lo, hi)
 
 
 CENTRE_GROUPS = 8  # public groups of rows by their centre (auto's unbiased release, the fair comparison)
