@@ -104,6 +104,16 @@ def _add_secret_options(p: argparse.ArgumentParser, what: str):
     p.add_argument("--seed", type=int, default=None,
                    help="EXPERIMENTS ONLY: an integer seed instead of a secret (guessable; the sidecar says "
                         "\"reproducible_seed\": true, not for production)")
+    p.add_argument("--release-id", default=None, metavar="ID",
+                   help="reproduce the release with this id (from its sidecar or params), or privatize another shard "
+                        "of it (other rows, --row-offset); default: a fresh 128-bit id, so that no two releases share "
+                        "randomness")
+    p.add_argument("--ledger", default=None, metavar="FILE",
+                   help="the release ledger to append to (default: KEYFILE.ledger.jsonl beside --key-file, else "
+                        "$RPWJAX_LEDGER, else ~/.local/share/rpwjax/ledger.jsonl); `rpwjax ledger` prints its totals")
+    p.add_argument("--budget", type=float, default=None, metavar="E",
+                   help="refuse, before writing anything, a release that would take this input's total epsilon in "
+                        "the ledger past E")
 
 
 def _check_bins(bins, name="--bins"):
@@ -149,6 +159,27 @@ def _secret(args):
     return resolve_secret(args.key_file, args.seed)
 
 
+def _release_run(args, command: str, input_path, label_column, settings: dict, row_offset: int = 0):
+    """The command's release: its secret bound to a release id, and its ledger record (rpwjax.privatize.ReleaseRun)."""
+    from rpwjax.privatize import ReleaseRun
+
+    return ReleaseRun(secret=_secret(args), command=command, input_path=input_path, label_column=label_column,
+                      settings=settings, release_id=args.release_id, row_offset=row_offset, ledger_file=args.ledger,
+                      key_file=args.key_file, budget=args.budget)
+
+
+def _fit_settings(args) -> dict:
+    """What fixes a fit (for the release identity and the ledger): every fit option as given."""
+    keys = ("mechanism", "epsilon", "range", "zeta", "objective", "prior", "prior_epsilon", "bins", "delta",
+            "calibration", "clip")
+    return {k: getattr(args, k, None) for k in keys}
+
+
+def _print_ledger_line(command: str, line):
+    if line:
+        print(f"rpwjax {command}: {line}", file=sys.stderr)
+
+
 def _fit(args, labels, epsilon, secret):
     from rpwjax.api import DEFAULT_BINS, fit
 
@@ -176,12 +207,15 @@ def cmd_fit(args) -> int:
         raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
     _check_fit_options(args, spend_prior=False)
     lo, hi = check_range(*args.range)
+    run = _release_run(args, "fit", args.labels, args.label_column, _fit_settings(args))
     labels = io.read_labels(args.labels, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
-    secret = _secret(args)
+    secret = run.secret
     result = _fit(args, labels, args.epsilon if len(args.epsilon) > 1 else args.epsilon[0], secret.child("fit"))
     records = result.records()
+    # what leaves a fit is its private histogram(s): epsilon_1 per epsilon, spent on these labels
+    run.start(sum(float(r["epsilon_prior"]) for r in records), mechanism=args.mechanism)
     for r in records:
-        r.update(_seed_fields(secret))
+        r.update(_seed_fields(secret), release_id=run.release_id)
     if len(records) > 1:
         total = records_total(records)
         for r in records:
@@ -195,6 +229,8 @@ def cmd_fit(args) -> int:
         problems = check_record(records[0], stop_early=True)[1]["problems"]
         if problems:
             raise InputError(f"--save: these parameters cannot be released: {problems[0]}")
+    run.finish(labels.size)
+    if args.save:
         io.write_json(args.save, records[0])
     if args.json:
         print(json.dumps(records, indent=2))
@@ -212,6 +248,7 @@ def cmd_fit(args) -> int:
             )
         if len(records) > 1:
             print(records[0]["all_records"]["note"])
+    _print_ledger_line("fit", run.line)
     return 0
 
 
@@ -238,13 +275,17 @@ def cmd_keygen(args) -> int:
 def cmd_privatize(args) -> int:
     from rpwjax import io
     from rpwjax.errors import InputError, check_range
+    from rpwjax.ledger import file_sha256
     from rpwjax.privatize import check_chunk_rows, check_row_offset, load_release_params, privatize_file
 
     check_chunk_rows(args.chunk_rows)
     check_row_offset(args.row_offset)
     io.file_kind(args.input, what="input file")
     io.file_kind(args.output, what="output file")
-    secret = _secret(args)
+    settings = dict(_fit_settings(args), denoise=args.denoise,
+                    params=None if not args.params else file_sha256(args.params, "params file"))
+    run = _release_run(args, "privatize", args.input, args.label_column, settings, row_offset=args.row_offset)
+    secret = run.secret
     prior = None
     if args.params:
         if args.mechanism is not None or args.epsilon is not None:
@@ -255,6 +296,9 @@ def cmd_privatize(args) -> int:
                                  "params file fixes the fit (refit with `rpwjax fit` to change it)")
         params, record, prior = load_release_params(args.params, prior_is_public=args.prior_is_public,
                                                     range=args.range)
+        # the labels of this file pay epsilon_2; the fit's histogram is in the ledger under the fit's input
+        run.start(float(record["epsilon_mechanism"]), float(record.get("delta") or 0.0), mechanism=record["mechanism"],
+                  params_release_id=record.get("release_id"))
     else:
         if args.mechanism is None or args.epsilon is None:
             raise InputError("privatize needs --params PARAMS.json, or --mechanism and --epsilon to fit")
@@ -268,11 +312,13 @@ def cmd_privatize(args) -> int:
         if args.prior_is_public and args.prior != "empirical":
             raise InputError("--prior-is-public does nothing without --prior empirical")
         lo, hi = check_range(*args.range)
+        run.start(float(args.epsilon), mechanism=args.mechanism)  # delta (Gaussian) is the fit's, set below
         labels = io.read_labels(args.input, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
         # the histogram noise (if any) and the release draw from independent keys derived from the secret
         result = _fit(args, labels, args.epsilon, secret.child("fit"))
         params, record = result.params, result.records()[0]
         prior = result.prior_for(0)
+        run.record["delta"] = float(record["delta"])
     postprocess = None
     if args.denoise == "posterior":
         from rpwjax.posterior import posterior_mean
@@ -302,7 +348,9 @@ def cmd_privatize(args) -> int:
         postprocess_name="posterior-mean" if postprocess else None,
         postprocess_range=(params.lo, params.hi) if postprocess else None,  # a posterior mean lies in the range
         encoding=args.encoding,
+        before_commit=run.finish,
     )
+    _print_ledger_line("privatize", run.line)
     return 0
 
 
@@ -375,11 +423,43 @@ def cmd_privatize_table(args) -> int:
 
     if args.range is None:
         raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
+    # the same identity privatize_table binds an unbound secret to, so that the Python call reproduces this release
+    settings = {"pipeline": args.pipeline, "epsilon": float(args.epsilon), "range": [float(v) for v in args.range],
+                "epochs": args.epochs, "clip": args.clip}
+    run = _release_run(args, "privatize-table", args.input, args.label_column, settings)
+    run.start(float(args.epsilon), pipeline=args.pipeline)  # a pipeline's delta, if any, is set from its accounting
     sidecar = privatize_table(args.input, args.output, label_column=args.label_column, lo=args.range[0],
-                              hi=args.range[1], epsilon=args.epsilon, pipeline=args.pipeline, secret=_secret(args),
-                              clip=args.clip, encoding=args.encoding, epochs=args.epochs)
+                              hi=args.range[1], epsilon=args.epsilon, pipeline=args.pipeline, secret=run.secret,
+                              clip=args.clip, encoding=args.encoding, epochs=args.epochs, before_commit=run.finish)
+    _print_ledger_line("privatize-table", run.line)
     print(f"{args.pipeline}: {sidecar['rows']} labels privatized at epsilon={float(args.epsilon):g} "
           f"(per label, total) -> {args.output}")
+    return 0
+
+
+def cmd_ledger(args) -> int:
+    """Print each (input, label column) of a ledger: its releases and the total epsilon and delta."""
+    from rpwjax.errors import InputError
+    from rpwjax.ledger import ledger_path, read, summaries
+
+    if args.key_file is not None and args.ledger is not None:
+        raise InputError("give either --key-file (its ledger lies beside it) or --ledger FILE, not both")
+    path = ledger_path(args.ledger, args.key_file)
+    if not path.exists():
+        raise InputError(f"ledger {str(path)!r} does not exist: no release has been recorded there")
+    groups = summaries(read(path))
+    if args.json:
+        for g in groups:
+            print(json.dumps(g, sort_keys=True))
+        return 0
+    print(f"ledger {path}: {len(groups)} inputs")
+    for g in groups:
+        delta = f", delta {g['delta_total']:g}" if g["delta_total"] else ""
+        print(f"\n{g['input']} (label {g['label_column']!r}, sha256 {g['input_sha256'][:12]}...): "
+              f"epsilon {g['epsilon_total']:g}{delta} in {len(g['releases'])} releases (basic composition)")
+        for r in g["releases"]:
+            print(f"  {r['time']}  {r['command']:<15} {r['mechanism'] or '':<12} epsilon {r['epsilon']:<8g} "
+                  f"rows {r['rows']} from {r['row_offset']}  release {r['release_id']}")
     return 0
 
 
@@ -524,6 +604,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="epochs of the two-stage pipelines' stage models (default 50)")
     p.add_argument("--clip", action="store_true", help="clip labels outside --range instead of refusing them")
     p.set_defaults(func=cmd_privatize_table)
+
+    p = sub.add_parser("ledger", help="what each input has spent: the releases in a ledger and their total epsilon")
+    p.add_argument("--key-file", default=None, help="the key file whose ledger (KEYFILE.ledger.jsonl) to read")
+    p.add_argument("--ledger", default=None, metavar="FILE",
+                   help="the ledger file (default: $RPWJAX_LEDGER, else ~/.local/share/rpwjax/ledger.jsonl)")
+    p.add_argument("--json", action="store_true",
+                   help="JSON Lines: one object per (input, label column) with input, label_column, releases, "
+                        "epsilon_total, delta_total")
+    p.set_defaults(func=cmd_ledger)
 
     from rpwjax.api import MECHANISMS, PRIORS
     from rpwjax.experiments.datasets import DATASETS

@@ -3,14 +3,20 @@
 A :class:`Secret` is 256 bits: fresh OS entropy (:meth:`Secret.from_entropy`,
 the default everywhere), or a key file written by ``rpwjax keygen`` (64 hex
 characters, :meth:`Secret.from_file`). Every random key the package uses is
-derived from it with SHA-256, separately for each *purpose* (``"labels"``,
-``"histogram"``, ...) and each block index, so
+derived from it with SHA-256, separately for each *release*, each *purpose*
+(``"labels"``, ``"histogram"``, ...) and each index, so
 
-* no key space is smaller than a JAX key (64 bits of threefry key per block,
-  from 256 bits of secret), and no two purposes or blocks share a key;
-* the same secret and the same row offsets give bit-identical outputs, which
-  is what lets shards privatized on different machines concatenate to the
-  single-run output.
+* one key file serves many releases without two of them sharing randomness:
+  every draw is keyed by the release's identity (:meth:`Secret.for_release`:
+  a release id of at least 128 bits, fresh from OS entropy by default, and
+  the release's mechanism, parameters, ε, label column and stage), and a
+  secret not yet bound to a release is bound to a fresh one before anything
+  is drawn from it (:func:`bound`);
+* every uniform comes from a 256-bit ChaCha20 key (:meth:`Secret.stream_key`,
+  :mod:`rpwjax.stream`), every integer-noise bit from SHA-256 over 256 bits;
+* the same secret, the same release id and the same row offsets give
+  bit-identical outputs, which is what lets shards of one release privatized
+  on different machines concatenate to the single-run output.
 
 Integer seeds survive only for experiments (:meth:`Secret.from_seed`): such a
 secret says so (``reproducible``), and every record made with it is marked
@@ -22,31 +28,33 @@ written to a sidecar, a params file, a log line or an error message
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets as _secrets
 import struct
 from pathlib import Path
 
-import jax
 import numpy as np
 
 from rpwjax.errors import InputError
 
 SECRET_BYTES = 32
 KEY_FILE_HEX = 2 * SECRET_BYTES
-_DOMAIN = b"rpwjax/v1/"
+RELEASE_ID_BYTES = 16  # a fresh release id: 128 bits of OS entropy, 32 hex characters
+_DOMAIN = b"rpwjax/v2/"
 
 
 class Secret:
     """256 bits of secret key material (hidden from ``repr``) and the keys derived from it."""
 
-    __slots__ = ("_material", "reproducible")
+    __slots__ = ("_material", "reproducible", "release_id")
 
-    def __init__(self, material: bytes, *, reproducible: bool = False):
+    def __init__(self, material: bytes, *, reproducible: bool = False, release_id: str | None = None):
         if not isinstance(material, (bytes, bytearray)) or len(material) != SECRET_BYTES:
             raise InputError(f"a secret must be {SECRET_BYTES} bytes")
         self._material = bytes(material)
         self.reproducible = bool(reproducible)
+        self.release_id = release_id  # set by for_release: the release every key of this secret belongs to
 
     # -- where secrets come from ---------------------------------------------------
     @classmethod
@@ -95,12 +103,13 @@ class Secret:
         return cls(hashlib.sha256(_DOMAIN + b"seed/" + raw).digest(), reproducible=True)
 
     def __repr__(self) -> str:
-        return f"Secret(<hidden>{', reproducible seed' if self.reproducible else ''})"
+        bound_to = f", release {self.release_id}" if self.release_id else ""
+        return f"Secret(<hidden>{', reproducible seed' if self.reproducible else ''}{bound_to})"
 
     __str__ = __repr__
 
     def __reduce__(self):  # pickling (e.g. to Dask workers) keeps the material in memory only
-        return (_restore, (self._material, self.reproducible))
+        return (_restore, (self._material, self.reproducible, self.release_id))
 
     def hex(self) -> str:
         """The key file text. Only :func:`write_key_file` should call this."""
@@ -125,31 +134,34 @@ class Secret:
         return self._digest("digest/" + purpose, tuple(index))
 
     def child(self, purpose: str, *index: int) -> "Secret":
-        """An independent 256-bit secret for a sub-task (e.g. one ε of a sweep, one stage of a pipeline)."""
-        return Secret(self._digest("child/" + purpose, tuple(index)), reproducible=self.reproducible)
+        """An independent 256-bit secret for a sub-task (e.g. one ε of a sweep, one stage of a pipeline).
+
+        A child belongs to the same release as its parent (``release_id`` is kept)."""
+        return Secret(self._digest("child/" + purpose, tuple(index)), reproducible=self.reproducible,
+                      release_id=self.release_id)
+
+    def for_release(self, release_id: str, **identity) -> "Secret":
+        """The secret of one release: SHA-256 of this secret, ``release_id`` and ``identity``.
+
+        ``identity`` names what makes the release what it is (e.g. the
+        command, the label column, the pipeline); values must be JSON
+        (strings, numbers, lists, dicts). Two releases share randomness only
+        if they have the same secret, the same release id and the same
+        identity. The release path adds the mechanism, a digest of the exact
+        parameters and the purpose of each draw (:meth:`stream_key`).
+        """
+        rid = check_release_id(release_id)
+        tag = "release/" + rid + "/" + canonical_json(identity)
+        return Secret(self._digest(tag, ()), reproducible=self.reproducible, release_id=rid)
+
+    def stream_key(self, purpose: str, *index: int) -> np.ndarray:
+        """The 256-bit ChaCha20 key (8 uint32 words, little-endian) of ``purpose`` and ``index``."""
+        return np.frombuffer(self._digest("stream/" + purpose, tuple(index)), dtype="<u4").astype(np.uint32)
 
     def for_epsilon(self, epsilon: float, purpose: str = "epsilon") -> "Secret":
         """The child secret of one ε value: ``child(purpose, epsilon_index(ε))``, keyed by the value's
         float64 bits (not by its position in a grid), so one ε of a sweep can be rerun alone."""
         return self.child(purpose, epsilon_index(epsilon))
-
-    def key_data(self, purpose: str, *index: int) -> np.ndarray:
-        """The 64-bit threefry key data (2 x uint32) for ``purpose`` and ``index``."""
-        return np.frombuffer(self._digest(purpose, tuple(index))[:8], dtype=">u4").astype(np.uint32)
-
-    def key(self, purpose: str, *index: int):
-        """A JAX key (threefry2x32, 64 bits) for ``purpose`` and ``index``."""
-        return jax.random.wrap_key_data(self.key_data(purpose, *index), impl="threefry2x32")
-
-    def block_key_data(self, purpose: str, first: int, count: int) -> np.ndarray:
-        """Key data for blocks ``first, ..., first + count - 1``: (count, 2) uint32, one hash each."""
-        first, count = int(first), int(count)
-        if first < 0 or count < 0 or first + count > 1 << 64:
-            raise InputError(f"block indices must lie in [0, 2^64), got blocks {first} .. {first + count - 1}")
-        out = np.empty((count, 2), np.uint32)
-        for i in range(count):
-            out[i] = self.key_data(purpose, first + i)
-        return out
 
 
 def epsilon_index(epsilon: float) -> int:
@@ -171,8 +183,51 @@ def _looks_like_key(text: str) -> bool:
     return len(t) == KEY_FILE_HEX and all(c in "0123456789abcdefABCDEF" for c in t)
 
 
-def _restore(material, reproducible):
-    return Secret(material, reproducible=reproducible)
+def _restore(material, reproducible, release_id=None):
+    return Secret(material, reproducible=reproducible, release_id=release_id)
+
+
+def canonical_json(value) -> str:
+    """``value`` as JSON with sorted keys and no spaces: the same identity always hashes the same."""
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise InputError(f"a release identity must be finite JSON values, got {value!r} ({err})") from None
+
+
+def new_release_id() -> str:
+    """A fresh release id: 128 bits from the operating system's CSPRNG, as 32 hex characters."""
+    return _secrets.token_hex(RELEASE_ID_BYTES)
+
+
+def check_release_id(release_id) -> str:
+    """``release_id`` if it is 32 to 64 lowercase or uppercase hex characters (128 to 256 bits), in lowercase."""
+    if not isinstance(release_id, str):
+        raise InputError(f"a release id must be a string of 32 to 64 hex characters, got {type(release_id).__name__}")
+    t = release_id.strip()
+    if not (2 * RELEASE_ID_BYTES <= len(t) <= KEY_FILE_HEX) or any(c not in "0123456789abcdefABCDEF" for c in t):
+        raise InputError(f"release id (--release-id) must be 32 to 64 hex characters (at least 128 bits, as a fresh "
+                         f"release writes in its sidecar), got {release_id!r}")
+    return t.lower()
+
+
+def bound(secret: Secret) -> Secret:
+    """``secret`` if it already belongs to a release, else ``secret`` bound to a new one.
+
+    The new release id is fresh OS entropy, so two draws from the same key
+    file never share randomness unless the caller bound both to the same
+    release on purpose. An experiments-only integer seed derives the id from
+    the seed instead, so that experiments stay reproducible.
+    """
+    secret = check_secret(secret)
+    if secret.release_id is not None:
+        return secret
+    return secret.for_release(default_release_id(secret))
+
+
+def default_release_id(secret: Secret) -> str:
+    """A new release's id: fresh OS entropy, or (experiments-only integer seed) derived from the seed."""
+    return secret.digest("release-id")[:RELEASE_ID_BYTES].hex() if secret.reproducible else new_release_id()
 
 
 def write_key_file(path) -> Path:
@@ -204,4 +259,10 @@ def secret_record(secret: Secret) -> dict:
     """What a sidecar says about the randomness (never the key itself)."""
     if secret.reproducible:
         return {"reproducible_seed": True, "randomness": "integer seed: reproducible, not for production"}
-    return {"reproducible_seed": False, "randomness": "256-bit secret (OS entropy or key file), SHA-256 derived keys"}
+    return {"reproducible_seed": False,
+            "randomness": "256-bit secret (OS entropy or key file); SHA-256 keys per release, ChaCha20 uniforms"}
+
+
+def key_fingerprint(secret: Secret) -> str:
+    """16 hex characters that identify a secret in a ledger and reveal nothing about it (a SHA-256 tag of it)."""
+    return secret._digest("fingerprint", ()).hex()[:16]

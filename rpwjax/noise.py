@@ -23,14 +23,15 @@ from fractions import Fraction
 import numpy as np
 
 from rpwjax.errors import check_epsilon
-from rpwjax.keys import Secret
+from rpwjax.keys import Secret, bound
 
 
 class BitStream:
     """Uniform random integers from SHA-256(secret material, counter)."""
 
     def __init__(self, secret: Secret, purpose: str, *index: int):
-        self._material = secret.digest(purpose, *index)
+        # an unbound secret gets a fresh release: the same key file never repeats a noise draw by accident
+        self._material = bound(secret).digest(purpose, *index)
         self._counter = 0
         self._pool = 0
         self._bits = 0

@@ -7,11 +7,18 @@ secret, tied to the GLOBAL row index (blocks of
 bit-identical output for any ``chunk_rows``, any number of devices and any
 split into shards (``row_offset``).
 
-The labels are released with ``secret.child("release")`` (:func:`release_secret`),
-the same derivation :func:`rpwjax.dask.privatize_dataframe` and ``rpwjax
-privatize --key-file`` use, so one key file gives the same output through
-every entry point. The secret is never written anywhere: the sidecar says
-only whether it was an experiments-only integer seed.
+A file release belongs to one release id (:func:`bind_release`: fresh OS
+entropy unless given back to reproduce the release or to privatize another
+shard of it); its labels are released with ``secret.child("release")`` of
+the secret bound to that release (:func:`release_secret`), the derivation
+:func:`rpwjax.dask.privatize_dataframe` and ``rpwjax privatize --key-file``
+share, so one key file and one release id give the same output through every
+entry point. The secret is never written anywhere: the sidecar gives the
+release id and says whether the secret was an experiments-only integer seed.
+
+:class:`ReleaseRun` is what the commands share: the secret bound to the
+release, the ledger record (:mod:`rpwjax.ledger`), checked before any work
+and appended just before the outputs appear.
 """
 
 from __future__ import annotations
@@ -21,26 +28,94 @@ import json
 import numpy as np
 from tqdm.auto import tqdm
 
-from rpwjax import io
+from rpwjax import io, ledger
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.errors import InputError, check_label_rows
-from rpwjax.keys import Secret, secret_record
+from rpwjax.keys import (Secret, canonical_json, check_release_id, check_secret, default_release_id, key_fingerprint,
+                         secret_record)
 from rpwjax.release_path import release, sidecar_fields, spec
 
 DEFAULT_CHUNK_ROWS = 1 << 20
 RELEASE_PURPOSE = "release"
 
 
-def release_secret(secret: Secret) -> Secret:
-    """The secret a file or data frame release draws from: ``secret.child("release")``.
+def bind_release(secret: Secret, release_id=None, **identity) -> Secret:
+    """``secret`` bound to one release: ``release_id`` (default :func:`default_release_id`) and ``identity``.
 
-    Kept apart from the fit's ``secret.child("fit")`` (the private histogram of
-    an inline fit), so the two never share a key.
+    A secret already bound (by a caller that made the release) is returned as
+    it is; giving it another release id is an error.
     """
-    if not isinstance(secret, Secret):
-        raise InputError(f"secret must be an rpwjax.keys.Secret (e.g. Secret.from_file(KEYFILE)), "
-                         f"got {type(secret).__name__}")
-    return secret.child(RELEASE_PURPOSE)
+    check_secret(secret)
+    if secret.release_id is not None:
+        if release_id is not None and check_release_id(release_id) != secret.release_id:
+            raise InputError(f"the secret is already bound to release {secret.release_id}, got release_id={release_id!r}")
+        return secret
+    rid = default_release_id(secret) if release_id is None else check_release_id(release_id)
+    return secret.for_release(rid, **identity)
+
+
+def release_secret(secret: Secret, release_id=None, *, label_column=None) -> Secret:
+    """The secret a file or data frame release draws from: ``secret.child("release")`` of the bound secret.
+
+    Kept apart from the fit's ``child("fit")`` (the private histogram of an
+    inline fit), so the two never share a key. An unbound ``secret`` is bound
+    to ``release_id`` (fresh by default) for a ``privatize`` of ``label_column``,
+    as ``rpwjax privatize --release-id ID --params ...`` binds it.
+    """
+    return bind_release(secret, release_id, command="privatize", label_column=label_column,
+                        settings=None).child(RELEASE_PURPOSE)
+
+
+class ReleaseRun:
+    """One release of a command: the secret bound to it, and its ledger record.
+
+    Bind first (``secret`` is what every draw of the release derives from),
+    then ``start(epsilon, delta)`` once the release's privacy cost is known
+    and before anything is written: it checks the ledger (a reused release
+    id, a ``budget`` the release would pass). ``finish(rows)`` checks again
+    and appends the record, holding the ledger's lock, just before the
+    outputs appear; it returns the fields the sidecar gets, and sets ``line``,
+    the line to print (None when the input is new to the ledger).
+    """
+
+    def __init__(self, *, secret: Secret, command: str, input_path, label_column, settings: dict,
+                 release_id=None, row_offset: int = 0, ledger_file=None, key_file=None, budget=None):
+        self.root = check_secret(secret)
+        if self.root.release_id is not None:
+            raise InputError("a command's release starts from the unbound secret (a key file or OS entropy)")
+        self.budget = ledger.check_budget(budget)
+        identity = dict(command=command, label_column=label_column, settings=settings)
+        source = ledger.input_record(input_path)
+        if release_id is None and self.root.reproducible:
+            # an integer seed (experiments) reproduces a run: its id follows from the seed, the input and the settings
+            release_id = self.root.digest("release-id/" + canonical_json(dict(identity, input=source["sha256"],
+                                                                               row_offset=row_offset)))[:16].hex()
+        self.secret = bind_release(self.root, release_id, **identity)
+        self.ledger = ledger.ledger_path(ledger_file, key_file)
+        self._fields = dict(identity, input=source, row_offset=row_offset)
+        self.record = None
+        self.line = None
+
+    @property
+    def release_id(self) -> str:
+        return self.secret.release_id
+
+    def start(self, epsilon: float, delta: float = 0.0, **extra) -> "ReleaseRun":
+        self.record = ledger.new_record(release_id=self.release_id, rows=None, epsilon=epsilon, delta=delta,
+                                        key_fingerprint=key_fingerprint(self.root),
+                                        reproducible_seed=self.root.reproducible, **self._fields, **extra)
+        ledger.precheck(self.ledger, self.record, self.budget)
+        return self
+
+    def finish(self, rows: int) -> dict:
+        self.record.update(rows=int(rows))
+        status = ledger.commit(self.ledger, self.record, self.budget)
+        self.line = ledger.status_line(self.ledger, self.record, status)
+        fields = {"release_id": self.release_id, "row_offset": self.record["row_offset"], "rows": int(rows),
+                  "ledger": {"file": str(self.ledger), "epsilon_total_on_input": status["epsilon_total"],
+                             "delta_total_on_input": status["delta_total"],
+                             "releases_of_input": status["previous_releases"] + (0 if status["reproduced"] else 1)}}
+        return fields
 
 
 def randomness_record(secret: Secret, record: dict) -> dict:
@@ -107,6 +182,8 @@ def privatize_file(
     postprocess_name: str | None = None,
     postprocess_range=None,
     encoding: str | None = None,
+    release_id: str | None = None,
+    before_commit=None,
 ) -> dict:
     """Stream ``input_path`` to ``output_path`` with the label column privatized.
 
@@ -120,6 +197,12 @@ def privatize_file(
     the file's first row when the file is one shard of a larger data set
     (shards privatized on different machines then match a single run over
     the whole data); every global row index must stay below 2^63.
+    ``release_id`` reproduces a release, or privatizes another shard of it
+    (default: a fresh one, unless ``secret`` is already bound to a release);
+    the sidecar records it with the row offset and the row count.
+    ``before_commit(rows)``, if given, runs once the output is complete and
+    before it appears (the CLI appends the ledger record there); the dict it
+    returns joins the sidecar.
     ``postprocess`` (e.g. posterior denoising) maps the private labels of each
     chunk before they are written; it must be a function of the private
     labels and public quantities only. ``output_path.json`` receives ``record`` plus the row count.
@@ -130,7 +213,7 @@ def privatize_file(
 
     out_kind = io.file_kind(output_path, what="output file")
     io.file_kind(input_path, what="input file")
-    key = release_secret(secret)
+    key = release_secret(secret, release_id, label_column=label_column)
     if postprocess is not None and postprocess_range is None:
         raise InputError("postprocess needs postprocess_range, the public interval its values lie in")
     chunk_rows = check_chunk_rows(chunk_rows)
@@ -173,7 +256,10 @@ def privatize_file(
         if rows == 0:
             raise InputError(f"input file {str(input_path)!r} has no rows")
         sidecar = dict(record, rows=rows, label_column=label_column, **output_fields(params, postprocess_range),
-                       postprocessing=postprocess_name, **randomness_record(secret, record))
+                       postprocessing=postprocess_name, **randomness_record(secret, record),
+                       release_id=key.release_id, row_offset=row_offset)
+        if before_commit is not None:
+            sidecar.update(before_commit(rows))
         tmp_json.write_text(json.dumps(sidecar, indent=2) + "\n")
     return sidecar
 

@@ -4,11 +4,15 @@ A *release* is the float64 numbers a user publishes, not the mechanism on
 paper. :func:`release` turns labels into released values in four fixed steps:
 
 1. **One uniform per label, from 52 random bits**: ``u = (k + 1/2)·2^-52`` with
-   ``k`` the top 52 bits of a 64-bit draw (:func:`uniform_from_index`), so
-   ``u`` takes exactly ``N = 2^52`` equally likely values in (0, 1), none of
-   them 0 or 1. The key of each block of :data:`BLOCK_ROWS` rows is derived
-   from the secret (:class:`rpwjax.keys.Secret`) by SHA-256 of (purpose,
-   block index).
+   ``k`` the top 52 bits of a 64-bit ChaCha20 word (:func:`uniform_from_index`,
+   :mod:`rpwjax.stream`), so ``u`` takes exactly ``N = 2^52`` equally likely
+   values in (0, 1), none of them 0 or 1. The word of global row ``i`` depends
+   only on ``i`` and a 256-bit key, derived from the secret
+   (:class:`rpwjax.keys.Secret`) by SHA-256 of the release it belongs to
+   (:func:`rpwjax.keys.bound`: its release id and identity), the purpose, the
+   mechanism and a digest of its exact parameters (:func:`params_digest`).
+   So two releases, two ε, two stages or two parameter sets never share a
+   uniform, even under one key file.
 2. **The mechanism's inverse CDF**, ``x = params.sample_from_uniform(u, y)``,
    in float64 (inside ``jax.enable_x64``). Every shipped sampler is
    non-decreasing in ``u`` for each label.
@@ -34,6 +38,7 @@ benchmarks.
 
 from __future__ import annotations
 
+import hashlib
 from functools import partial
 
 import jax
@@ -42,9 +47,9 @@ import numpy as np
 
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.errors import InputError
-from rpwjax.keys import Secret
+from rpwjax.keys import Secret, bound, canonical_json
+from rpwjax.stream import BLOCK_ROWS, block_bits, block_counters
 
-BLOCK_ROWS = 1 << 16
 UNIFORM_BITS = 52
 UNIFORM_COUNT = 1 << UNIFORM_BITS  # N: the number of distinct uniforms
 MIN_CELL_COUNT = 1 << 23  # uniforms that land in any full output cell, at every label (half cells at the ends: half)
@@ -56,10 +61,26 @@ def uniform_from_index(k):
     return (jnp.asarray(k).astype(jnp.float64) + 0.5) * (2.0 ** -UNIFORM_BITS)
 
 
-def uniform(key, shape):
-    """The release path's uniforms: the top 52 bits of a 64-bit draw (needs ``jax.enable_x64``)."""
-    bits = jax.random.bits(key, shape, jnp.uint64)
-    return uniform_from_index(bits >> jnp.uint64(64 - UNIFORM_BITS))
+def block_uniforms(key, block_counter):
+    """The release path's uniforms of one block of :data:`BLOCK_ROWS` rows: the top 52 bits of each
+    row's 64-bit ChaCha20 word (:func:`rpwjax.stream.block_bits`; needs ``jax.enable_x64``)."""
+    return uniform_from_index(block_bits(key, block_counter) >> jnp.uint64(64 - UNIFORM_BITS))
+
+
+def params_digest(params: Mechanism) -> str:
+    """SHA-256 (hex) of a parameter set: its mechanism, static settings and every leaf's exact float64 values.
+
+    Two parameter sets with the same digest release with the same keys; any
+    difference (another ε, another interval, per-row parameters of another
+    table) gives independent uniforms.
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    h = hashlib.sha256(canonical_json({"mechanism": params.name, "tree": str(treedef)}).encode())
+    for leaf in leaves:
+        a = np.ascontiguousarray(np.asarray(leaf, np.float64))
+        h.update(repr(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
 
 
 def pow2_at_least(x: float) -> float:
@@ -102,14 +123,13 @@ def released_values(params: Mechanism, grid, low, high, u, y):
 
 
 @partial(jax.jit, static_argnames=("grid", "per_row"))
-def _release_blocks(params, low, high, key_data, y_blocks, grid, per_row):
-    def one(p, lo_, hi_, kd, y):
-        key = jax.random.wrap_key_data(kd, impl="threefry2x32")
-        return released_values(p, grid, lo_, hi_, uniform(key, y.shape), y)
+def _release_blocks(params, low, high, key, counters, y_blocks, grid, per_row):
+    def one(p, lo_, hi_, counter, y):
+        return released_values(p, grid, lo_, hi_, block_uniforms(key, counter), y)
 
     row = 0 if per_row else None  # per-row parameters and ranges are blocked like the labels
     in_axes = (jax.tree_util.tree_map(lambda _: row, params), row, row, 0, 0)
-    return jax.vmap(one, in_axes=in_axes)(params, low, high, key_data, y_blocks)
+    return jax.vmap(one, in_axes=in_axes)(params, low, high, counters, y_blocks)
 
 
 def _blocks(values, offset, num_blocks, fill):
@@ -133,9 +153,12 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
             output_spec: dict | None = None) -> np.ndarray:
     """Released values for ``labels`` at global rows ``start, start + 1, ...`` (float64).
 
-    Row ``i`` always gets the same uniform for the same secret and purpose,
+    Row ``i`` always gets the same uniform for the same secret (bound to a
+    release: :meth:`rpwjax.keys.Secret.for_release`), purpose and parameters,
     whatever the chunking, the device count or the shard offsets, so shards
-    concatenate to the single-run output. Labels must already be validated
+    concatenate to the single-run output. A secret not bound to a release is
+    bound to a fresh one (:func:`rpwjax.keys.bound`): two calls then never
+    share randomness. Labels must already be validated
     (finite, inside the public range); ``params`` holds one ε, with scalar
     leaves or one leaf value per row. ``output_spec`` is ``spec(params)``,
     when a caller releasing many chunks with the same parameters computed it
@@ -143,6 +166,7 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     """
     if not isinstance(secret, Secret):
         raise InputError(f"release needs an rpwjax.keys.Secret, got {type(secret).__name__}")
+    secret = bound(secret)
     start = int(start)
     if start < 0:
         raise InputError(f"start must be a non-negative row index, got start={start}")
@@ -155,7 +179,8 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     devices = jax.local_devices()  # multi-host: each process shards its own rows over its own devices
     num_blocks = -(-(offset + y.size) // BLOCK_ROWS)
     num_blocks = -(-num_blocks // len(devices)) * len(devices)  # whole blocks on every device
-    key_data = secret.block_key_data(purpose, start // BLOCK_ROWS, num_blocks)
+    key = secret.stream_key(purpose + "/" + params.name + "/" + params_digest(params))
+    counters = block_counters(start // BLOCK_ROWS, num_blocks)
     with jax.enable_x64(True):
         blocks = _blocks(y, offset, num_blocks, float(params.lo))
         low, high = s["low"], s["high"]
@@ -170,7 +195,7 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
             # changes where a block is computed, never what it computes
             mesh = jax.sharding.Mesh(np.array(devices), ("blocks",))
             blocks = jax.device_put(blocks, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("blocks")))
-        out = _release_blocks(params, low, high, key_data, blocks, grid=s["grid"], per_row=per_row)
+        out = _release_blocks(params, low, high, key, counters, blocks, grid=s["grid"], per_row=per_row)
         out = np.asarray(out, np.float64).reshape(-1)
     return out[offset : offset + y.size]
 

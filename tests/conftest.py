@@ -16,6 +16,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+@pytest.fixture(autouse=True)
+def _own_ledger(tmp_path_factory, monkeypatch):
+    """Each test's releases without a key file go to a ledger of its own (never the user's per-user ledger)."""
+    monkeypatch.setenv("RPWJAX_LEDGER", str(tmp_path_factory.mktemp("ledger") / "ledger.jsonl"))
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261130)

@@ -3,8 +3,8 @@
 * ``rpwjax keygen`` writes 256 bits as 64 hex characters, mode 0600, never over a file;
 * every key is derived from the whole secret, per purpose and block (one flipped bit,
   one changed hex digit anywhere, changes the output);
-* the same key file reproduces outputs bit for bit, across chunk sizes and shards;
-  no key file means fresh OS entropy;
+* the same key file and release id reproduce outputs bit for bit, across chunk sizes and
+  shards; a new release (no --release-id) draws other noise; no key file means fresh OS entropy;
 * key material never reaches an output, a sidecar, a params file, stdout or stderr;
 * an integer ``--seed`` is for experiments only and the sidecar says so;
 * the private prior is the default, the empirical prior needs ``--prior-is-public``;
@@ -91,33 +91,39 @@ def test_flipping_any_bit_of_the_secret_changes_every_derived_key():
     material = bytes(np.random.default_rng(0).integers(0, 256, SECRET_BYTES, dtype=np.uint8))
     base = Secret(material)
     for block in (0, 1, 12_345):
-        reference = base.key_data("labels", block)
+        reference = base.stream_key("labels", block)
         for bit in range(8 * SECRET_BYTES):
             flipped = bytearray(material)
             flipped[bit // 8] ^= 1 << (bit % 8)
-            assert not np.array_equal(Secret(bytes(flipped)).key_data("labels", block), reference), (block, bit)
+            assert not np.array_equal(Secret(bytes(flipped)).stream_key("labels", block), reference), (block, bit)
 
 
 def test_blocks_and_purposes_get_distinct_keys():
     secret = Secret(bytes(range(SECRET_BYTES)))
-    keys = {tuple(secret.key_data(purpose, block)) for purpose in ("labels", "histogram", "release")
+    keys = {tuple(secret.stream_key(purpose, block)) for purpose in ("labels", "histogram", "release")
             for block in range(200)}
     assert len(keys) == 3 * 200
     # a purpose is not confused with a longer purpose, nor with an index
-    assert not np.array_equal(secret.key_data("a", 1), secret.key_data("a1"))
-    assert not np.array_equal(secret.key_data("labels", 0, 1), secret.key_data("labels", 1, 0))
-    np.testing.assert_array_equal(secret.block_key_data("labels", 5, 3),
-                                  np.stack([secret.key_data("labels", b) for b in (5, 6, 7)]))
-    # children are independent secrets
-    assert not np.array_equal(secret.child("fit").key_data("labels", 0), secret.child("release").key_data("labels", 0))
-    assert not np.array_equal(secret.child("fit").key_data("labels", 0), secret.key_data("labels", 0))
-    assert secret.key_data("labels", 0).dtype == np.uint32 and secret.key_data("labels", 0).shape == (2,)
+    assert not np.array_equal(secret.stream_key("a", 1), secret.stream_key("a1"))
+    assert not np.array_equal(secret.stream_key("labels", 0, 1), secret.stream_key("labels", 1, 0))
+    # children and releases are independent secrets
+    assert not np.array_equal(secret.child("fit").stream_key("labels"), secret.child("release").stream_key("labels"))
+    assert not np.array_equal(secret.child("fit").stream_key("labels"), secret.stream_key("labels"))
+    one = secret.for_release("ab" * 16, command="privatize", label_column="y")
+    assert one.release_id == "ab" * 16 and one.child("release").release_id == one.release_id
+    others = [secret.for_release("ab" * 16, command="privatize", label_column="z"),
+              secret.for_release("ac" * 16, command="privatize", label_column="y"), secret]
+    assert all(not np.array_equal(one.stream_key("labels"), o.stream_key("labels")) for o in others)
+    # every uniform's key has 256 bits
+    assert secret.stream_key("labels").dtype == np.uint32 and secret.stream_key("labels").shape == (8,)
 
 
 def test_the_same_secret_derives_the_same_keys():
     a, b = Secret(bytes(range(SECRET_BYTES))), Secret(bytes(range(SECRET_BYTES)))
-    np.testing.assert_array_equal(a.key_data("labels", 9), b.key_data("labels", 9))
-    assert pickle.loads(pickle.dumps(a)).key_data("labels", 9).tolist() == a.key_data("labels", 9).tolist()
+    np.testing.assert_array_equal(a.stream_key("labels", 9), b.stream_key("labels", 9))
+    assert pickle.loads(pickle.dumps(a)).stream_key("labels", 9).tolist() == a.stream_key("labels", 9).tolist()
+    bound = a.for_release("0f" * 16, command="x")
+    assert pickle.loads(pickle.dumps(bound)).release_id == bound.release_id
 
 
 def test_repr_and_str_never_show_the_material():
@@ -182,8 +188,11 @@ def test_one_hex_digit_first_or_last_changes_the_output(data, tmp_path, capsys):
 @pytest.mark.slow
 def test_same_key_file_is_bit_identical_across_runs_and_chunk_sizes(data, tmp_path, capsys):
     d, _ = data
-    outs = [privatize(capsys, d, tmp_path / f"o{chunk}.parquet", "--key-file", d / "key", "--chunk-rows", chunk)
-            for chunk in (ROWS, 9_999, BLOCK_ROWS, 1 << 20)]
+    first = tmp_path / "first.parquet"
+    outs = [privatize(capsys, d, first, "--key-file", d / "key")]
+    rid = sidecar(first)["release_id"]  # the same key file and release id reproduce the release
+    outs += [privatize(capsys, d, tmp_path / f"o{chunk}.parquet", "--key-file", d / "key", "--chunk-rows", chunk,
+                       "--release-id", rid) for chunk in (ROWS, 9_999, BLOCK_ROWS)]
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])
     assert outs[0].shape == (ROWS,)
@@ -192,9 +201,10 @@ def test_same_key_file_is_bit_identical_across_runs_and_chunk_sizes(data, tmp_pa
     for i in range(2):
         out = tmp_path / f"inline{i}.parquet"
         code, _, err = run(["privatize", d / "t.parquet", "-o", out, "--label-column", "y", "--key-file", d / "key",
-                            "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--quiet"], capsys)
+                            "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--quiet",
+                            *(["--release-id", inline[0][2]] if inline else [])], capsys)
         assert code == 0, err
-        inline.append((labels_of(out), sidecar(out)["params"]))
+        inline.append((labels_of(out), sidecar(out)["params"], sidecar(out)["release_id"]))
     np.testing.assert_array_equal(inline[0][0], inline[1][0])
     assert inline[0][1] == inline[1][1]
 
@@ -202,7 +212,9 @@ def test_same_key_file_is_bit_identical_across_runs_and_chunk_sizes(data, tmp_pa
 @pytest.mark.slow
 def test_shards_with_row_offsets_concatenate_to_the_single_run(data, tmp_path, capsys):
     d, table = data
-    whole = privatize(capsys, d, tmp_path / "whole.parquet", "--key-file", d / "key")
+    ledger = tmp_path / "shards.jsonl"
+    whole = privatize(capsys, d, tmp_path / "whole.parquet", "--key-file", d / "key", "--ledger", ledger)
+    rid = sidecar(tmp_path / "whole.parquet")["release_id"]
     parts = []
     cut = 40_000  # the second shard starts inside block 0 and crosses into block 1
     for i, (lo, hi) in enumerate(((0, cut), (cut, ROWS))):
@@ -210,15 +222,23 @@ def test_shards_with_row_offsets_concatenate_to_the_single_run(data, tmp_path, c
         pq.write_table(table.slice(lo, hi - lo), shard)
         out = tmp_path / f"out{i}.parquet"
         code, _, err = run(["privatize", shard, "-o", out, "--label-column", "y", "--params", d / "rpwithprior.json",
-                            "--key-file", d / "key", "--row-offset", lo, "--quiet"], capsys)
+                            "--key-file", d / "key", "--row-offset", lo, "--quiet", "--release-id", rid,
+                            "--ledger", tmp_path / f"shard{i}.jsonl"], capsys)
         assert code == 0, err
         parts.append(labels_of(out))
+        assert (sidecar(out)["release_id"], sidecar(out)["row_offset"], sidecar(out)["rows"]) == (rid, lo, hi - lo)
     np.testing.assert_array_equal(np.concatenate(parts), whole)
-    # the offset matters: a shard privatized as if it started at row 0 does not match
+    # the release id given back for rows it already covered, with other input, is refused where the ledger sees it
     code, _, err = run(["privatize", tmp_path / "shard1.parquet", "-o", tmp_path / "wrong.parquet", "--label-column",
+                        "y", "--params", d / "rpwithprior.json", "--key-file", d / "key", "--quiet", "--release-id",
+                        rid, "--ledger", ledger], capsys)
+    assert code == 2 and "already used" in err and rid in err, err
+    assert not (tmp_path / "wrong.parquet").exists()
+    # without it, the shard is a new release: other noise
+    code, _, err = run(["privatize", tmp_path / "shard1.parquet", "-o", tmp_path / "new.parquet", "--label-column",
                         "y", "--params", d / "rpwithprior.json", "--key-file", d / "key", "--quiet"], capsys)
     assert code == 0, err
-    assert np.mean(labels_of(tmp_path / "wrong.parquet") != whole[cut:]) > 0.5
+    assert np.mean(labels_of(tmp_path / "new.parquet") != whole[cut:]) > 0.5
 
 
 @pytest.mark.slow
@@ -234,13 +254,15 @@ def test_without_a_key_file_every_run_draws_fresh_entropy(data, tmp_path, capsys
 def test_privatize_table_takes_a_key_file(data, tmp_path, capsys):
     d, _ = data
     outs = []
-    for i in range(2):
+    for i in range(3):
         out = tmp_path / f"table{i}.csv"
+        again = ["--release-id", sidecar(tmp_path / "table0.csv")["release_id"]] if i == 1 else []
         code, _, err = run(["privatize-table", d / "small.csv", "-o", out, "--label-column", "y", "--range", "0", "1",
-                            "--epsilon", "1", "--pipeline", "linear-prior", "--key-file", d / "key"], capsys)
+                            "--epsilon", "1", "--pipeline", "linear-prior", "--key-file", d / "key", *again], capsys)
         assert code == 0, err
         outs.append(labels_of(out))
-    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[1])  # the same release id reproduces the release
+    assert np.mean(outs[2] != outs[0]) > 0.5  # a new release with the same key file draws other noise
     key = with_digit(tmp_path / "key-last", key_hex(d / "key"), KEY_FILE_HEX - 1)
     code, _, err = run(["privatize-table", d / "small.csv", "-o", tmp_path / "other.csv", "--label-column", "y",
                         "--range", "0", "1", "--epsilon", "1", "--pipeline", "linear-prior", "--key-file", key], capsys)

@@ -206,7 +206,7 @@ def key_space_check(derive: Callable[[bytes, int], np.ndarray] | None = None) ->
     """Every bit of the secret reaches every block key, and blocks get different keys.
 
     ``derive(material, block)`` returns a block's key data (default: the
-    shipped :meth:`rpwjax.keys.Secret.key_data` for purpose ``"labels"``).
+    shipped :meth:`rpwjax.keys.Secret.stream_key` for purpose ``"labels"``).
     Flipping each of the 256 bits of a fixed secret, and moving to the next
     block, must give 2·257 pairwise different keys; a derivation that keeps
     only part of the secret (e.g. an integer seed truncated to 32 bits) fails.
@@ -214,7 +214,7 @@ def key_space_check(derive: Callable[[bytes, int], np.ndarray] | None = None) ->
     from rpwjax.keys import SECRET_BYTES, Secret
 
     if derive is None:
-        derive = lambda material, block: Secret(material).key_data("labels", block)  # noqa: E731
+        derive = lambda material, block: Secret(material).stream_key("labels", block)  # noqa: E731
     base = bytes(range(7, 7 + SECRET_BYTES))
     variants = [base] + [
         bytes(b ^ (1 << (i % 8)) if j == i // 8 else b for j, b in enumerate(base)) for i in range(8 * SECRET_BYTES)
@@ -222,8 +222,8 @@ def key_space_check(derive: Callable[[bytes, int], np.ndarray] | None = None) ->
     keys = {tuple(np.asarray(derive(m, block), np.uint32).ravel().tolist()) for m in variants for block in (0, 1)}
     bits = 32 * len(next(iter(keys)))
     problems = []
-    if bits < 64:
-        problems.append(f"block keys have {bits} bits (< 64)")
+    if bits < 128:
+        problems.append(f"block keys have {bits} bits (< 128)")
     if len(keys) != 2 * len(variants):
         problems.append(f"only {len(keys)} distinct keys for {2 * len(variants)} (secret, block) pairs: "
                         "some secret bits do not reach the key")

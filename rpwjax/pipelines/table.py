@@ -18,7 +18,7 @@ import numpy as np
 
 from rpwjax import io
 from rpwjax.errors import InputError, check_epsilon, check_range
-from rpwjax.keys import Secret, check_secret, secret_record
+from rpwjax.keys import Secret, secret_record
 from rpwjax.pipelines import pipeline as lookup
 
 DEFAULT_EPOCHS = 50
@@ -33,18 +33,23 @@ def standardized(features) -> np.ndarray:
 
 def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi: float, epsilon: float,
                     pipeline: str = "auto", secret: Secret, clip: bool = False, encoding=None,
-                    epochs: int | None = None) -> dict:
+                    epochs: int | None = None, release_id: str | None = None, before_commit=None) -> dict:
     """Privatize ``label_column`` of a CSV/Parquet table with a registry pipeline; returns the sidecar.
 
-    ``epochs`` (stage-model epochs) is refused for a pipeline that trains no stage model.
+    ``epochs`` (stage-model epochs) is refused for a pipeline that trains no stage model. Every draw of
+    the pipeline comes from ``secret`` bound to one release (``release_id``, fresh by default, unless
+    ``secret`` is already bound; the sidecar records it). ``before_commit(rows)``, if given, runs once the
+    output is complete and before it appears; the dict it returns joins the sidecar.
     """
     from rpwjax.experiments.datasets import load_table
-    from rpwjax.privatize import DEFAULT_CHUNK_ROWS
+    from rpwjax.privatize import DEFAULT_CHUNK_ROWS, bind_release
 
     row = lookup(pipeline)
     eps = float(check_epsilon(epsilon))
     lo, hi = check_range(lo, hi)
-    check_secret(secret)
+    secret = bind_release(secret, release_id, command="privatize-table", label_column=label_column,
+                          settings={"pipeline": pipeline, "epsilon": eps, "range": [lo, hi], "epochs": epochs,
+                                    "clip": clip})
     kind = io.file_kind(output_path, what="output file")
     io.file_kind(input_path, what="input file")
     if Path(input_path).resolve() == Path(output_path).resolve():
@@ -70,14 +75,18 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
         "postprocessing": row.postprocessing,
         "accounting": record,
         **secret_record(secret),
+        "release_id": secret.release_id, "row_offset": 0,
     }
-    text = json.dumps(sidecar, indent=2, allow_nan=False,
-                      default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n"  # fail before writing
+    dump = lambda obj: json.dumps(obj, indent=2, allow_nan=False,  # noqa: E731
+                                  default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n"
+    dump(sidecar)  # fail before writing
     out = Path(output_path)
     with io.atomic_outputs(out, out.with_name(out.name + ".json")) as (tmp, tmp_json):
         rows = io.copy_with_labels(source, tmp, kind, lambda first, part: labels[first - 1: first - 1 + part.size],
                                    chunk_rows=DEFAULT_CHUNK_ROWS)
         if rows != y.size:
             raise InputError(f"{str(input_path)!r} changed while it was read ({y.size} rows, then {rows})")
-        tmp_json.write_text(text)
+        if before_commit is not None:
+            sidecar.update(before_commit(rows))
+        tmp_json.write_text(dump(sidecar))
     return sidecar

@@ -1,0 +1,253 @@
+"""The release ledger: what a secret's releases have spent on each input, across runs.
+
+A release is private on its own; two releases of the same labels spend the
+sum of their ε (basic composition), and only a record that outlives a run
+can show that sum. Every ``rpwjax fit``, ``privatize`` and ``privatize-table``
+appends one JSON line to a ledger file: the release id, the time, the input
+(its name, size and SHA-256 of its bytes), the label column, the rows and
+row offset, the mechanism or pipeline, ε and δ, a digest of the settings,
+and a fingerprint of the secret that reveals nothing about it
+(:func:`rpwjax.keys.key_fingerprint`). No label, statistic or key material
+is written.
+
+Which file (:func:`ledger_path`): ``--ledger FILE`` if given, else
+``KEYFILE.ledger.jsonl`` beside the key file, else ``$RPWJAX_LEDGER``, else
+``$XDG_DATA_HOME/rpwjax/ledger.jsonl`` (``~/.local/share/rpwjax/ledger.jsonl``).
+
+Totals (:func:`summaries`) are per (input content, label column): the sum of
+ε and δ over distinct release ids; a release reproduced with its own id, on
+the same input, rows and settings, releases nothing new and counts once. A
+release id reused on the same input with other settings or rows, or on other
+input over rows it already covered, is refused: it would reuse randomness.
+
+Appending is atomic and safe under concurrent runs: each check and append
+holds an exclusive ``flock`` on the ledger file, and a record is one
+``write`` of one line to a file opened for appending, flushed and synced.
+
+The ledger cannot see releases made elsewhere: with another key file or
+ledger, on another machine, of a copy of the input whose bytes differ, or
+through the Python API below :func:`commit`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import fcntl
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from rpwjax.errors import InputError
+
+LEDGER_ENV = "RPWJAX_LEDGER"
+LEDGER_SUFFIX = ".ledger.jsonl"
+FORMAT_VERSION = 1
+
+
+def ledger_path(ledger=None, key_file=None) -> Path:
+    """The ledger file of a run (see the module docstring for the order)."""
+    if ledger is not None:
+        return Path(ledger)
+    if key_file is not None:
+        return Path(str(key_file) + LEDGER_SUFFIX)
+    env = os.environ.get(LEDGER_ENV)
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "rpwjax" / "ledger.jsonl"
+
+
+def file_sha256(path, what: str = "input file") -> str:
+    """SHA-256 (hex) of a file's bytes."""
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
+    except FileNotFoundError:
+        raise InputError(f"{what} {str(p)!r} not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{what} {str(p)!r} is a directory, not a file") from None
+    except OSError as err:
+        raise InputError(f"{what} {str(p)!r} cannot be read ({err.strerror or err})") from None
+
+
+def input_record(path) -> dict:
+    """Name, absolute path, size and SHA-256 of an input file's bytes (how the ledger knows an input again)."""
+    p = Path(path)
+    digest = file_sha256(p)
+    return {"name": p.name, "path": str(p.resolve()), "size": p.stat().st_size, "sha256": digest}
+
+
+def settings_digest(settings: dict) -> str:
+    """SHA-256 of a release's settings (mechanism or pipeline, options, parameters), canonical JSON."""
+    from rpwjax.keys import canonical_json
+
+    return hashlib.sha256(canonical_json(settings).encode()).hexdigest()
+
+
+def new_record(*, release_id: str, command: str, input: dict, label_column, rows, row_offset: int,
+               epsilon: float, delta: float, settings: dict, key_fingerprint: str, reproducible_seed: bool,
+               **extra) -> dict:
+    """One ledger line (``rows`` may be None before the input is read: the pre-check does not need it)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "release_id": release_id,
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "input": input,
+        "label_column": label_column,
+        "rows": None if rows is None else int(rows),
+        "row_offset": int(row_offset),
+        "epsilon": float(epsilon),
+        "delta": float(delta),
+        "settings": settings_digest(settings),
+        "key_fingerprint": key_fingerprint,
+        "reproducible_seed": bool(reproducible_seed),
+        **extra,
+    }
+
+
+def _group(record) -> tuple:
+    return (record["input"]["sha256"], record["label_column"])
+
+
+def _same_release(a: dict, b: dict) -> bool:
+    keys = ("command", "label_column", "row_offset", "settings", "key_fingerprint")
+    return all(a[k] == b[k] for k in keys) and a["input"]["sha256"] == b["input"]["sha256"] and (
+        a["rows"] is None or b["rows"] is None or a["rows"] == b["rows"])
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    if a["rows"] is None or b["rows"] is None:
+        return False  # rows not read yet (the pre-check): the commit, which knows them, decides
+    return a["row_offset"] < b["row_offset"] + b["rows"] and b["row_offset"] < a["row_offset"] + a["rows"]
+
+
+def read(path) -> list[dict]:
+    """Every record of a ledger file (none if it does not exist); a damaged line is an error naming it."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    if p.is_dir():
+        raise InputError(f"ledger {str(p)!r} is a directory: give a file name")
+    out = []
+    with open(p, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise InputError(f"ledger {str(p)!r} line {number} is not a JSON record: the ledger is damaged; "
+                                 "repair or move it") from None
+    return out
+
+
+def summaries(records) -> list[dict]:
+    """One summary per (input content, label column): its releases and the totals under basic composition."""
+    groups: dict[tuple, dict] = {}
+    for r in records:
+        g = groups.setdefault(_group(r), {"input": r["input"]["name"], "input_sha256": r["input"]["sha256"],
+                                          "label_column": r["label_column"], "releases": [],
+                                          "epsilon_total": 0.0, "delta_total": 0.0})
+        if any(q["release_id"] == r["release_id"] for q in g["releases"]):
+            continue  # the same release reproduced: nothing new was released
+        g["releases"].append({k: r[k] for k in ("release_id", "time", "command", "epsilon", "delta", "rows",
+                                                "row_offset") if k in r}
+                             | {"name": r["input"]["name"], "mechanism": r.get("mechanism") or r.get("pipeline")})
+        g["epsilon_total"] += float(r["epsilon"])
+        g["delta_total"] += float(r["delta"])
+    return list(groups.values())
+
+
+def _check(records, record, budget) -> dict:
+    """The running total with ``record`` added; InputError if it reuses a release id or passes ``budget``."""
+    rid = record["release_id"]
+    reproduced = False
+    for r in records:
+        if r["release_id"] != rid:
+            continue
+        if _same_release(r, record):
+            reproduced = True
+            continue
+        same_input = _group(r) == _group(record)
+        if same_input or _overlap(r, record):
+            what = "the same input with other settings, rows or key" if same_input else \
+                f"rows {r['row_offset']} .. {r['row_offset'] + (r['rows'] or 1) - 1} of {r['input']['name']!r}"
+            raise InputError(
+                f"release id {rid} was already used for {what} ({r['command']} at {r['time']}): reusing it would "
+                "release with the same randomness. Give --release-id only to reproduce that release exactly or for "
+                "another shard (other rows) of it; drop --release-id for a new release")
+    previous = [s for s in summaries(records) if (s["input_sha256"], s["label_column"]) == _group(record)]
+    before = previous[0] if previous else None
+    spent = 0.0 if reproduced else float(record["epsilon"])
+    total = (before["epsilon_total"] if before else 0.0) + spent
+    delta_total = (before["delta_total"] if before else 0.0) + (0.0 if reproduced else float(record["delta"]))
+    if budget is not None and total > float(budget) * (1 + 1e-12):
+        raise InputError(
+            f"--budget {float(budget):g}: this release (epsilon {spent:g}) would take input "
+            f"{record['input']['name']!r} (label {record['label_column']!r}) to a total epsilon of {total:g} "
+            f"(already spent {total - spent:g} in {len(before['releases']) if before else 0} releases); nothing was "
+            "written")
+    return {"previous_releases": len(before["releases"]) if before else 0, "epsilon_total": total,
+            "delta_total": delta_total, "reproduced": reproduced}
+
+
+def check_budget(budget):
+    """``budget`` as a positive float (or None)."""
+    if budget is None:
+        return None
+    b = float(budget)
+    if not b > 0 or b != b or b == float("inf"):
+        raise InputError(f"--budget must be a positive finite epsilon, got --budget={budget!r}")
+    return b
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    if path.is_dir():
+        raise InputError(f"ledger {str(path)!r} is a directory: give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError as err:
+        raise InputError(f"ledger {str(path)!r} cannot be opened ({err.strerror or err}): give a writable "
+                         "--ledger FILE") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def precheck(path, record: dict, budget=None) -> dict:
+    """Before any work: refuse a release the ledger would refuse (reused id, budget). Writes nothing."""
+    path = Path(path)
+    with _locked(path):
+        return _check(read(path), record, budget)
+
+
+def commit(path, record: dict, budget=None) -> dict:
+    """Check again and append ``record``, holding the ledger's lock (concurrent runs see each other)."""
+    path = Path(path)
+    line = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode()
+    with _locked(path) as fd:
+        status = _check(read(path), record, budget)
+        os.write(fd, line)
+        os.fsync(fd)
+    return status
+
+
+def status_line(path, record: dict, status: dict) -> str | None:
+    """The line a release prints when its input was already in the ledger (None for a first release)."""
+    if status["reproduced"]:
+        return (f"ledger {str(path)}: release {record['release_id']} reproduced; input {record['input']['name']!r} "
+                f"(label {record['label_column']!r}) stays at epsilon {status['epsilon_total']:g}")
+    if not status["previous_releases"]:
+        return None
+    return (f"ledger {str(path)}: input {record['input']['name']!r} (label {record['label_column']!r}) has now spent "
+            f"epsilon {status['epsilon_total']:g}"
+            + (f", delta {status['delta_total']:g}" if status["delta_total"] else "")
+            + f" in {status['previous_releases'] + 1} releases (basic composition)")
