@@ -1,0 +1,250 @@
+"""Private across releases: one key file, many releases, no shared randomness, and the ε they add up to.
+
+* two releases made with one key file (two ε, two files, two fits, two pipelines) draw
+  independent noise, unless one reproduces the other with its own release id;
+* every uniform comes from a 256-bit ChaCha20 key (RFC 8439's block function);
+* every fit, privatize and privatize-table lands in the ledger, which totals ε and δ per
+  (input, label column), refuses a release past ``--budget`` before writing anything,
+  and stays whole under concurrent runs.
+"""
+
+import json
+import multiprocessing
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+import rpwjax
+from rpwjax import ledger, stream
+from rpwjax.keys import Secret
+from helpers import fixed_key, run
+
+LO, HI = 0.0, 1.0
+ROWS = 100_000
+
+
+def labels_of(path):
+    return pacsv.read_csv(path).column("y").to_numpy()
+
+
+def sidecar(path):
+    return json.loads(path.with_name(path.name + ".json").read_text())
+
+
+def write_table(path, y, x=None):
+    cols = {"y": y} if x is None else {"x": x, "y": y}
+    pacsv.write_csv(pa.table(cols), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("releases")
+    rng = np.random.default_rng(30)
+    a, b = rng.beta(2, 5, ROWS), rng.beta(5, 2, ROWS)
+    write_table(d / "day1.csv", a)
+    write_table(d / "day2.csv", b)
+    fixed_key(d / "key", 30)
+    return d, a, b
+
+
+def first_json(out: str) -> dict:
+    """The first record ``--json`` printed (JSON Lines)."""
+    text = out.strip()
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError:
+        record = json.loads(text.splitlines()[0])
+    return record[0] if isinstance(record, list) else record
+
+
+def privatize(capsys, src, out, key, *options):
+    code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--range", LO, HI, "--key-file", key,
+                        "--quiet", *options], capsys)
+    assert code == 0, err
+    return labels_of(out)
+
+
+def test_chacha20_block_function_matches_rfc_8439():
+    # RFC 8439, 2.3.2: key 00 01 .. 1f, block counter 1, nonce 00:00:00:09:00:00:00:4a:00:00:00:00
+    key = np.frombuffer(bytes(range(32)), "<u4")
+    words = stream.chacha_block(key, np.array([1], np.uint32), 0x09000000, nonce=(0x4A000000, 0))
+    out = b"".join(np.asarray(w, "<u4").tobytes() for w in words)
+    assert out.hex() == ("10f1e7e4d13b5915500fdd1fa32071c4c7d1f4c733c068030422aa9ac3d46c4e"
+                         "d2826446079faa0914c2d705d98b02a2b5129cd1de164eb9cbd083e8a2503c4e")
+
+
+def test_same_key_two_epsilons_draw_independent_noise(files, tmp_path, capsys):
+    """Laplace at ε = 1 then 2 with one key file: 2·x₂ − x₁ no longer returns the labels."""
+    d, a, _ = files
+    x1 = privatize(capsys, d / "day1.csv", tmp_path / "e1.csv", d / "key", "--mechanism", "laplace", "--epsilon", "1")
+    x2 = privatize(capsys, d / "day1.csv", tmp_path / "e2.csv", d / "key", "--mechanism", "laplace", "--epsilon", "2")
+    assert sidecar(tmp_path / "e1.csv")["release_id"] != sidecar(tmp_path / "e2.csv")["release_id"]
+    assert abs(np.corrcoef(x1 - a, x2 - a)[0, 1]) < 0.01
+    solve = 2 * x2 - x1
+    assert np.mean((solve - a) ** 2) > np.mean((x2 - a) ** 2)  # no better than the ε = 2 release alone
+
+
+def test_same_key_two_files_draw_independent_noise(files, tmp_path, capsys):
+    """Two daily files with one key file and offset 0: the outputs' difference is not the labels' difference."""
+    d, a, b = files
+    for mechanism in ("laplace", "rpwithprior"):
+        xa = privatize(capsys, d / "day1.csv", tmp_path / f"a-{mechanism}.csv", d / "key", "--mechanism", mechanism,
+                       "--epsilon", "1")
+        xb = privatize(capsys, d / "day2.csv", tmp_path / f"b-{mechanism}.csv", d / "key", "--mechanism", mechanism,
+                       "--epsilon", "1")
+        assert abs(np.corrcoef(xa - a, xb - b)[0, 1]) < 0.01, mechanism
+        if mechanism == "laplace":
+            assert np.mean(np.abs((xa - xb) - (a - b)) < 1e-3) < 0.01
+
+
+def test_same_key_two_fits_publish_independent_histogram_noise(files, tmp_path, capsys):
+    """Two fits on neighbouring label files: the published histograms differ in more than the moved label's bin."""
+    d, a, _ = files
+    neighbour = a.copy()
+    neighbour[0] = 1.0 - neighbour[0]
+    write_table(tmp_path / "neighbour.csv", neighbour)
+    masses = []
+    for src in (d / "day1.csv", tmp_path / "neighbour.csv"):
+        code, out, err = run(["fit", "--labels", src, "--label-column", "y", "--range", LO, HI, "--mechanism",
+                              "rpwithprior", "--epsilon", "1", "--key-file", d / "key", "--json"], capsys)
+        assert code == 0, err
+        record = first_json(out)
+        masses.append(np.asarray(record["prior"]["masses"]))
+    assert np.sum(np.abs(masses[0] - masses[1]) > 1e-12) > 4
+
+
+def test_pipelines_on_one_key_file_never_share_a_uniform_stream(files, tmp_path, capsys, monkeypatch):
+    """Every release of every pipeline (and stage) under one key file draws from its own ChaCha key."""
+    import rpwjax.release_path as rp
+
+    d, a, _ = files
+    x = a + np.random.default_rng(1).normal(0, 0.1, a.size)
+    src = write_table(tmp_path / "table.csv", a[:3_000], x[:3_000])
+    keys, real = [], rp._release_blocks
+
+    def spy(params, low, high, key, *rest, **kw):
+        keys.append(bytes(np.asarray(key, np.uint32)))
+        return real(params, low, high, key, *rest, **kw)
+
+    monkeypatch.setattr(rp, "_release_blocks", spy)
+    for pipeline in ("linear-prior", "rpwithprior+calibrated", "two-stage", "two-stage-unbiased"):
+        code, _, err = run(["privatize-table", src, "-o", tmp_path / f"{pipeline}.csv", "--label-column", "y",
+                            "--range", LO, HI, "--epsilon", "1", "--pipeline", pipeline, "--key-file", d / "key",
+                            "--epochs", "1"] if pipeline.startswith("two-stage") else
+                           ["privatize-table", src, "-o", tmp_path / f"{pipeline}.csv", "--label-column", "y",
+                            "--range", LO, HI, "--epsilon", "1", "--pipeline", pipeline, "--key-file", d / "key"],
+                           capsys)
+        assert code == 0, err
+    assert len(keys) >= 6 and len(set(keys)) == len(keys)
+
+
+def test_python_release_with_one_secret_twice_draws_independent_noise():
+    params = rpwjax.fit("laplace", np.zeros(1), range=(LO, HI), epsilon=1.0).params
+    secret = Secret(bytes(range(32)))
+    y = np.full(ROWS, 0.5)
+    first, second = rpwjax.release(params, secret, y), rpwjax.release(params, secret, y)
+    assert abs(np.corrcoef(first - y, second - y)[0, 1]) < 0.01
+    bound = secret.for_release("5a" * 16, purpose="test")  # bound to one release: reproducible
+    np.testing.assert_array_equal(rpwjax.release(params, bound, y[:1000]), rpwjax.release(params, bound, y[:1000]))
+
+
+# --------------------------------------------------------------------------- the ledger
+
+
+def test_ledger_totals_every_release_of_an_input(files, tmp_path, capsys):
+    d, _, _ = files
+    book = tmp_path / "book.jsonl"
+    common = ["--label-column", "y", "--range", LO, HI, "--ledger", book]
+    code, _, err = run(["fit", "--labels", d / "day2.csv", *common, "--mechanism", "rpwithprior", "--epsilon", "1",
+                        "--save", tmp_path / "p.json"], capsys)
+    assert code == 0, err
+    assert "ledger" not in err  # a first release of this input prints nothing
+    code, _, err = run(["privatize", d / "day2.csv", "-o", tmp_path / "o1.csv", "--label-column", "y", "--params",
+                        tmp_path / "p.json", "--ledger", book, "--quiet"], capsys)
+    assert code == 0, err
+    assert "has now spent epsilon 1 in 2 releases" in err, err
+    code, _, err = run(["privatize", d / "day2.csv", "-o", tmp_path / "o2.csv", *common, "--mechanism", "gaussian",
+                        "--epsilon", "0.5", "--delta", "1e-6", "--quiet"], capsys)
+    assert code == 0, err
+    assert "epsilon 1.5, delta 1e-06 in 3 releases" in err, err
+    code, out, err = run(["ledger", "--ledger", book, "--json"], capsys)
+    assert code == 0, err
+    (group,) = [json.loads(line) for line in out.splitlines()]
+    assert group["input"] == "day2.csv" and group["label_column"] == "y"
+    assert [r["epsilon"] for r in group["releases"]] == [pytest.approx(0.1), pytest.approx(0.9), 0.5]
+    assert group["epsilon_total"] == pytest.approx(1.5) and group["delta_total"] == pytest.approx(1e-6)
+    assert sidecar(tmp_path / "o2.csv")["ledger"]["epsilon_total_on_input"] == pytest.approx(1.5)
+    code, out, _ = run(["ledger", "--ledger", book], capsys)
+    assert code == 0 and "epsilon 1.5" in out and "3 releases" in out
+    # a key file's ledger lies beside it
+    code, _, err = run(["privatize", d / "day2.csv", "-o", tmp_path / "o3.csv", *common[:-2], "--key-file", d / "key",
+                        "--mechanism", "laplace", "--epsilon", "1", "--quiet"], capsys)
+    assert code == 0, err
+    code, out, _ = run(["ledger", "--key-file", d / "key", "--json"], capsys)
+    assert code == 0 and any(json.loads(line)["input"] == "day2.csv" for line in out.splitlines())
+
+
+def test_budget_refuses_before_writing_anything(files, tmp_path, capsys):
+    d, _, _ = files
+    book = tmp_path / "book.jsonl"
+    args = ["--label-column", "y", "--range", LO, HI, "--ledger", book, "--mechanism", "laplace", "--quiet"]
+    code, _, err = run(["privatize", d / "day1.csv", "-o", tmp_path / "a.csv", *args, "--epsilon", "1",
+                        "--budget", "1.5"], capsys)
+    assert code == 0, err
+    before = book.read_bytes()
+    code, _, err = run(["privatize", d / "day1.csv", "-o", tmp_path / "b.csv", *args, "--epsilon", "1",
+                        "--budget", "1.5"], capsys)
+    assert code == 2 and "--budget 1.5" in err and "total epsilon of 2" in err, err
+    assert not (tmp_path / "b.csv").exists() and not (tmp_path / "b.csv.json").exists()
+    assert book.read_bytes() == before
+    code, _, err = run(["privatize", d / "day1.csv", "-o", tmp_path / "c.csv", *args, "--epsilon", "0.5",
+                        "--budget", "1.5"], capsys)
+    assert code == 0, err
+
+
+def test_reproducing_a_release_counts_once(files, tmp_path, capsys):
+    d, _, _ = files
+    book = tmp_path / "book.jsonl"
+    args = ["--mechanism", "laplace", "--epsilon", "1", "--ledger", book]
+    first = privatize(capsys, d / "day1.csv", tmp_path / "a.csv", d / "key", *args)
+    rid = sidecar(tmp_path / "a.csv")["release_id"]
+    again = privatize(capsys, d / "day1.csv", tmp_path / "b.csv", d / "key", *args, "--release-id", rid)
+    np.testing.assert_array_equal(first, again)
+    (group,) = ledger.summaries(ledger.read(book))
+    assert group["epsilon_total"] == 1.0 and len(group["releases"]) == 1
+    # the same id with other settings would reuse its randomness: refused, nothing written
+    code, _, err = run(["privatize", d / "day1.csv", "-o", tmp_path / "c.csv", "--label-column", "y", "--range", LO,
+                        HI, "--key-file", d / "key", "--quiet", "--mechanism", "laplace", "--epsilon", "2",
+                        "--ledger", book, "--release-id", rid], capsys)
+    assert code == 2 and "already used" in err, err
+    assert not (tmp_path / "c.csv").exists()
+    code, _, err = run(["privatize", d / "day1.csv", "-o", tmp_path / "d.csv", "--label-column", "y", "--range", LO,
+                        HI, "--quiet", "--mechanism", "laplace", "--epsilon", "1", "--release-id", "12345"], capsys)
+    assert code == 2 and "32 to 64 hex characters" in err
+
+
+def _append_many(path, worker, count):
+    for i in range(count):
+        record = ledger.new_record(release_id=f"{worker:016x}{i:016x}", command="privatize",
+                                   input={"name": "x.csv", "path": "/x.csv", "size": 1, "sha256": "0" * 64},
+                                   label_column="y", rows=10, row_offset=10 * (worker * count + i), epsilon=0.25,
+                                   delta=0.0, settings={}, key_fingerprint="f" * 16, reproducible_seed=False)
+        ledger.commit(path, record)
+
+
+def test_ledger_appends_are_whole_under_concurrent_runs(tmp_path):
+    book = tmp_path / "book.jsonl"
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_append_many, args=(book, w, 25)) for w in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+        assert w.exitcode == 0
+    records = ledger.read(book)
+    assert len(records) == 75 and len({r["release_id"] for r in records}) == 75
+    (group,) = ledger.summaries(records)
+    assert group["epsilon_total"] == pytest.approx(75 * 0.25)
