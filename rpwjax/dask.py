@@ -18,22 +18,24 @@ from rpwjax.errors import InputError, check_labels
 from rpwjax.keys import Secret
 
 
-def privatize_dataframe(frame, *, label_column: str, params: Mechanism, secret: Secret, clip: bool = False):
+def privatize_dataframe(frame, *, label_column: str, params: Mechanism, secret: Secret, clip: bool = False,
+                        release_id: str | None = None):
     """A new Dask DataFrame whose ``label_column`` holds private labels (float64); other columns untouched.
 
     Partition lengths are computed first (one pass) to give every partition
     its global row offset; the privatization itself is lazy like any
     ``map_partitions``. Labels go through :func:`rpwjax.release_path.release` with
     :func:`rpwjax.privatize.release_secret` of ``secret`` (e.g.
-    ``Secret.from_file(KEYFILE)``), as ``rpwjax privatize --key-file KEYFILE
-    --params ...`` does, so both give the same labels; the derived secret
+    ``Secret.from_file(KEYFILE)``) bound to one release: ``release_id``, or
+    a fresh one. With the same release id ``rpwjax privatize --key-file KEYFILE
+    --release-id ID --params ...`` gives the same labels; the derived secret
     travels to the workers inside the task graph, in memory only.
     """
     from rpwjax.privatize import release_secret
 
     if not isinstance(secret, Secret):
         raise InputError(f"secret must be an rpwjax.keys.Secret (Secret.from_file(KEYFILE)), got {type(secret).__name__}")
-    key = release_secret(secret)
+    key = release_secret(secret, release_id, label_column=label_column)
     if label_column not in frame.columns:
         raise InputError(f"label column {label_column!r} not found; columns are {list(frame.columns)}")
     lengths = frame.map_partitions(len).compute()

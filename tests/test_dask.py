@@ -1,5 +1,7 @@
 """Dask integration: a partitioned data set privatized on a local cluster equals one process."""
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -29,16 +31,15 @@ def test_local_cluster_equals_single_process(tmp_path, capsys):
                      "y", "--key-file", str(tmp_path / "key"), "--params", str(tmp_path / "p.json"), "--quiet"]) == 0
     capsys.readouterr()
     single = pq.read_table(tmp_path / "one.parquet").column("y").to_numpy()
-
-    import json
+    release_id = json.loads((tmp_path / "one.parquet.json").read_text())["release_id"]
 
     params, _ = api.load_params(json.loads((tmp_path / "p.json").read_text()))
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         with distributed.Client(cluster):
             ddf = dd.from_pandas(frame, npartitions=7)  # uneven partitions, not aligned to blocks
-            # the same key file as the single-process CLI run
-            out = privatize_dataframe(ddf, label_column="y", params=params,
-                                      secret=Secret.from_file(tmp_path / "key")).compute()
+            # the same key file and release id as the single-process CLI run
+            out = privatize_dataframe(ddf, label_column="y", params=params, secret=Secret.from_file(tmp_path / "key"),
+                                      release_id=release_id).compute()
     assert list(out.columns) == ["id", "y", "note"]
     np.testing.assert_array_equal(out["id"].to_numpy(), frame["id"].to_numpy())
     np.testing.assert_array_equal(out["y"].to_numpy(), single)
