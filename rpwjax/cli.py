@@ -488,21 +488,23 @@ def cmd_audit(args) -> int:
         if args.mechanism is not None or args.epsilon is not None:
             raise InputError("give either --params FILE or --mechanism/--epsilon, not both: a saved fit states its own "
                              "mechanism and epsilon")
-        out = checks.audit_params_file(args.params, samples=args.samples, seed=args.seed)
+        out = checks.audit_params_file(args.params, samples=args.samples, seed=args.seed, audit_seed=args.audit_seed)
         report, record = out["report"], out["record"]
         if args.json:
             obj = report.to_json() if report is not None else {"mechanism": record["mechanism"]}
             obj.update(params_file=str(args.params), record_pass=record["pass"], record_problems=record["problems"],
-                       verified=record, key_check_pass=out["keys"]["pass"], errors=out["broken"], **{"pass": out["pass"]})
+                       verified=record, key_check_pass=out["keys"]["pass"], errors=out["broken"],
+                       audit_seed=out["audit_seed"], **{"pass": out["pass"]})
             print(json.dumps(obj))
             return 0 if out["pass"] else 1
         if report is not None:
             print(checks.format_table([report]))
-        print("\n" + checks.legend(args.samples, out["keys"]))
+        print("\n" + checks.legend(args.samples, out["keys"], out["audit_seed"]))
         print("\n".join(checks.record_lines(args.params, record)))
         reports = [report] if report is not None else []
     else:
-        out = checks.run_audit(args.mechanism, args.epsilon, samples=args.samples, seed=args.seed)
+        out = checks.run_audit(args.mechanism, args.epsilon, samples=args.samples, seed=args.seed,
+                               audit_seed=args.audit_seed)
         reports = out["reports"]
         if args.json:
             for r in reports:
@@ -511,11 +513,11 @@ def cmd_audit(args) -> int:
                 obj["pass"] = obj["pass"] and out["keys"]["pass"]
                 print(json.dumps(obj))
             for line in out["broken"]:
-                print(json.dumps({"error": line, "pass": False}))
+                print(json.dumps({"error": line, "audit_seed": out["audit_seed"], "pass": False}))
             return 0 if out["pass"] else 1
         if reports:
             print(checks.format_table(reports))
-        print("\n" + checks.legend(args.samples, out["keys"]))
+        print("\n" + checks.legend(args.samples, out["keys"], out["audit_seed"]))
     for line in checks.problem_lines(reports, out["keys"], out["broken"]):
         print(line)
     return 0 if out["pass"] else 1
@@ -674,13 +676,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epsilon", type=float, nargs="+", default=None,
                    help=f"one or more epsilons to fit and audit (default {DEFAULT_EPSILON:g})")
     p.add_argument("--params", default=None, metavar="FILE",
-                   help="audit a saved fit (`rpwjax fit --save`) instead of fitting the example prior: its record is "
+                   help="audit a saved fit (`rpwjax fit --save`, or the OUTPUT.json sidecar of `rpwjax privatize`) "
+                        "instead of fitting the example prior: its record is "
                         "verified (rpwjax.audit.verify: fields agree, guarantee recomputed from the parameters) and its "
                         "parameters get the exact, realized and empirical checks against the epsilon and delta the "
                         "file states")
     p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES,
                    help=f"outputs sampled per label (default {DEFAULT_SAMPLES})")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0; the audit has nothing to hide)")
+    p.add_argument("--audit-seed", type=int, default=None, metavar="N",
+                   help="seed of the realized check's fresh random labels (default: a new one from OS entropy on "
+                        "every run, printed with the results; give it back to reproduce a run's labels)")
     p.add_argument("--json", action="store_true", help="print one JSON object per (mechanism, epsilon), one per line")
     p.set_defaults(func=cmd_audit)
 

@@ -227,6 +227,9 @@ def privatize_file(
         check_row_offset(row_offset, total)
     sidecar_path = str(output_path) + ".json"
     output_spec = spec(params)  # public, the same for every chunk: computed once
+    from rpwjax.audit.certify import certify
+
+    certify(params, output_spec)  # before any output: the realized check of these exact parameters (cached)
 
     def released(first: int, y: np.ndarray) -> np.ndarray:
         check_label_rows(y, params.lo, params.hi, clip=clip, first_row=first, where=source.where,

@@ -54,6 +54,9 @@ UNIFORM_BITS = 52
 UNIFORM_COUNT = 1 << UNIFORM_BITS  # N: the number of distinct uniforms
 MIN_CELL_COUNT = 1 << 23  # uniforms that land in any full output cell, at every label (half cells at the ends: half)
 MAX_CELLS = 1 << 16  # the grid is never finer than (b - a) / MAX_CELLS
+# a pure mechanism above this ε has some output with under e^-ε the probability of another, fewer than
+# MIN_CELL_COUNT of the N uniforms where the other has them all: its ratio cannot be certified from counts
+MAX_EPSILON = float(np.log(UNIFORM_COUNT / MIN_CELL_COUNT))  # 29 ln 2 = 20.10
 
 
 def uniform_from_index(k):
@@ -89,22 +92,55 @@ def pow2_at_least(x: float) -> float:
     return float(np.ldexp(1.0, int(e) - (1 if m == 0.5 else 0)))
 
 
+def float_step(magnitude: float) -> float:
+    """The spacing of float64 at ``magnitude`` (its ulp; a power of two): a grid this coarse or coarser,
+    anchored at a multiple of it, has every point up to ``magnitude`` exactly representable."""
+    m = abs(float(magnitude))
+    return float(np.spacing(m)) if m > 0 else 0.0
+
+
+def range_text(params: Mechanism) -> str:
+    return f"[{float(params.lo):.17g}, {float(params.hi):.17g}]"
+
+
 def spec(params: Mechanism) -> dict:
     """The public release specification of ``params``: ``grid`` (or None) and ``low``/``high`` (arrays).
 
-    ``low``/``high`` broadcast against the labels (per-row parameters give per-row ranges).
+    ``low``/``high`` broadcast against the labels (per-row parameters give per-row ranges). The grid is
+    never finer than float64 can represent at the range's magnitude: every grid point ``k·grid`` in
+    ``[low, high]`` is an exact float64 (the mechanism's grid is coarsened to the float spacing at
+    ``max(|low|, |high|)`` where it was finer, the range moved inwards onto the coarser grid).
+    What cannot be released raises :class:`InputError` naming the mechanism, ε and range.
     """
-    s = params.release_spec()
-    grid = None if s["grid"] is None else float(s["grid"])
-    low = np.asarray(s["low"], np.float64)
-    high = np.asarray(s["high"], np.float64)
+    eps = float(np.max(params.epsilon))
+    where = f"{params.name}: epsilon={eps:g} on the range {range_text(params)}"
+    if params.pure and not eps <= MAX_EPSILON:
+        raise InputError(f"{where} cannot be certified for a float64 release: epsilon above {MAX_EPSILON:.4g} = "
+                         "ln(2^52 / 2^23) leaves some output fewer than 2^23 of the 2^52 uniforms next to another, "
+                         "too few to certify the ratio")
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        try:
+            s = params.release_spec()
+        except InputError as err:
+            raise InputError(f"{where} cannot be certified for a float64 release: {err}") from None
+        grid = None if s["grid"] is None else float(s["grid"])
+        low = np.asarray(s["low"], np.float64)
+        high = np.asarray(s["high"], np.float64)
+        finite = bool(np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low <= high))
+        if grid is not None and finite:
+            if not (np.isfinite(grid) and grid > 0):
+                finite = False
+            else:
+                step = float_step(max(float(np.max(np.abs(low))), float(np.max(np.abs(high)))))
+                if grid < step:  # finer than float64 holds there: coarsen (cells only grow), move the range inwards
+                    grid = step
+                    low, high = np.ceil(low / grid) * grid, np.floor(high / grid) * grid
+    if not finite:
+        raise InputError(f"{where} cannot be certified for a float64 release: its release range is empty or not "
+                         f"finite, got [{np.min(low)}, {np.max(high)}]")
     if grid is not None and np.any(~(high - low >= 2 * grid)):
-        raise InputError(
-            f"{params.name}: epsilon={float(np.max(params.epsilon)):g} is too large for a certified float64 release "
-            f"(the public grid {grid:g} leaves fewer than three outputs)"
-        )
-    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low <= high)):
-        raise InputError(f"{params.name}: the release range is empty or not finite, got [{low}, {high}]")
+        raise InputError(f"{where} cannot be certified for a float64 release: epsilon is too large for this range "
+                         f"(the public grid {grid:g} leaves fewer than three outputs)")
     return {"grid": grid, "low": low, "high": high}
 
 
@@ -114,12 +150,24 @@ def sidecar_fields(params: Mechanism) -> dict:
     return {"output_grid": s["grid"], "output_range": [float(np.min(s["low"])), float(np.max(s["high"]))]}
 
 
+def origin(params: Mechanism, grid: float) -> float:
+    """The public origin of a continuous release: the grid point at or below ``params.lo`` (a multiple of the grid)."""
+    return float(np.floor(float(params.lo) / grid) * grid)
+
+
 def released_values(params: Mechanism, grid, low, high, u, y):
-    """Steps 2-4 for given uniforms: the value released for label ``y`` and uniform ``u`` (traceable)."""
-    x = params.sample_from_uniform(u, y)
-    if grid is not None:
-        x = jnp.round(x / grid) * grid
-    return jnp.clip(x, low, high)
+    """Steps 2-4 for given uniforms: the value released for label ``y`` and uniform ``u`` (traceable).
+
+    A continuous mechanism is sampled, snapped and clamped relative to :func:`origin` ``o`` (the mechanism
+    moved by ``-o`` samples ``y - o``; the result, a multiple of the grid, gets ``o`` back), so its rounding
+    error is that of numbers of the size of the range's width, not of its magnitude; ``o`` and every grid
+    point in the range are exact float64 (:func:`spec`), so adding ``o`` back is exact.
+    """
+    if grid is None:
+        return jnp.clip(params.sample_from_uniform(u, y), low, high)
+    o = origin(params, grid)
+    x = params.translated(-o).sample_from_uniform(u, y - o)
+    return jnp.clip(jnp.round(x / grid) * grid, low - o, high - o) + o
 
 
 @partial(jax.jit, static_argnames=("grid", "per_row"))
@@ -175,6 +223,9 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
         return y
     per_row = _per_row(params, y.size)
     s = spec(params) if output_spec is None else output_spec
+    from rpwjax.audit.certify import certify  # function-level: the audit layer imports this module
+
+    certify(params, s)  # the realized check on these exact parameters (cached), or InputError: nothing released
     offset = start % BLOCK_ROWS
     devices = jax.local_devices()  # multi-host: each process shards its own rows over its own devices
     num_blocks = -(-(offset + y.size) // BLOCK_ROWS)

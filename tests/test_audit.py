@@ -397,3 +397,128 @@ def test_two_step_edges_in_one_grid_cell_are_both_found():
     lo, hi = out["info"]["mass_range"]
     assert abs(lo - 1) < 1e-8 and abs(hi - 1) < 1e-8
     assert out["max_ratio"] == pytest.approx(1.0, abs=1e-9)
+
+
+# --------------------------------------------------------------------------- fresh labels, every release certified
+
+
+def leaky_laplace(monkeypatch, low=0.41, high=0.42):
+    """Laplace whose sampler releases the label itself for labels in [low, high] (and is honest elsewhere)."""
+    honest = Laplace.sample_from_uniform
+
+    def leaky(self, u, y):
+        x = honest(self, u, y)
+        return jnp.where((y >= low) & (y <= high), jnp.asarray(y, x.dtype), x)
+
+    monkeypatch.setattr(Laplace, "sample_from_uniform", leaky)
+
+
+def test_a_sampler_that_leaks_in_a_narrow_interval_is_caught_by_the_fresh_labels(monkeypatch):
+    params = fit_example("laplace", 1.0)
+    leaky_laplace(monkeypatch)
+    assert realized.check(params)["pass"]  # the fixed labels (ends, grid, breakpoints) miss [0.41, 0.42] ...
+    report = audit_mechanism(params, samples=20_000, audit_seed=3)
+    assert not report.realized_pass and not report.passed  # ... 4096 fresh labels do not
+    assert report.details["realized"]["labels"] >= 4096 and report.details["audit_seed"] == 3
+
+
+def test_audit_seed_reproduces_the_labels_and_is_reported(capsys):
+    import json
+
+    params = fit_example("laplace", 1.0)
+    assert np.array_equal(realized.fresh_labels(params, 4096, 5), realized.fresh_labels(params, 4096, 5))
+    lines = []
+    for extra in (["--audit-seed", "5"], ["--audit-seed", "5"], []):
+        assert audit_cli(["--mechanism", "rr-on-bins", "--samples", "2000", "--json", *extra]) == 0
+        (line,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        lines.append(line)
+    assert lines[0]["audit_seed"] == lines[1]["audit_seed"] == 5 and lines[0] == lines[1]
+    assert isinstance(lines[2]["audit_seed"], int) and lines[2]["realized_labels"] >= 4096
+    assert audit_cli(["--mechanism", "rr-on-bins", "--samples", "2000", "--audit-seed", "6"]) == 0
+    assert "audit seed 6; --audit-seed 6 reproduces them" in capsys.readouterr().out
+
+
+BIG_RANGE = (1e8, 1e8 + 1)  # float64 spacing 1.5e-8 there: a release that samples in absolute values loses ~1e-3 of ε
+
+
+def _big_table(path, n=2000):
+    import pandas as pd
+
+    rng = np.random.default_rng(0)
+    pd.DataFrame({"x": rng.normal(size=n), "x2": rng.normal(size=n),
+                  "y": BIG_RANGE[0] + rng.uniform(0, 1, n)}).to_csv(path, index=False)
+    return path
+
+
+def _released_sets(monkeypatch):
+    """Record every (params, spec) a release certifies; returns the list."""
+    from rpwjax.audit import certify
+
+    from helpers import spy
+
+    return spy(monkeypatch, certify, "certify", lambda args, kwargs: args)
+
+
+def _assert_realized_within(params, output_spec):
+    from rpwjax.audit import certify
+    from rpwjax.release_path import spec
+
+    s = spec(params) if output_spec is None else output_spec
+    rows = [(params, s)] if np.ndim(params.epsilon) == 0 else [
+        certify._row(params, s, i) for i in np.unique(np.asarray(params.a1), return_index=True)[1][:4]]
+    for p, ps in rows:
+        ratio = realized.check(p, output_spec=ps)["realized_max_log_ratio"]
+        assert ratio <= float(p.epsilon) + 1e-9, (ratio, float(p.epsilon))
+
+
+def test_inline_privatize_on_a_range_far_from_zero_is_certified(tmp_path, capsys, monkeypatch):
+    from rpwjax import io
+    from rpwjax.api import load_params
+
+    src = _big_table(tmp_path / "big.csv")
+    out = tmp_path / "o.csv"
+    code = cli.main(["privatize", str(src), "-o", str(out), "--label-column", "y", "--range", *map(str, BIG_RANGE),
+                     "--mechanism", "rpwithprior", "--epsilon", "1", "--seed", "1", "--quiet"])
+    if code != 0:  # refused is allowed, with one line naming what cannot be certified
+        err = capsys.readouterr().err
+        assert code == 2 and "cannot be certified" in err and not out.exists()
+        return
+    params, record = load_params(io.read_json(str(out) + ".json"))
+    assert record["epsilon_mechanism"] == pytest.approx(0.9)
+    _assert_realized_within(params, None)
+
+
+@pytest.mark.parametrize("name, range_", slow_unless([("laplace", (0.0, 1.0)), ("rpwithprior", BIG_RANGE)],
+                                                     fast=[("laplace", (0.0, 1.0))]))
+def test_audit_accepts_a_privatize_sidecar(tmp_path, capsys, name, range_):
+    import json
+
+    src = _big_table(tmp_path / "t.csv") if range_ == BIG_RANGE else tmp_path / "t.csv"
+    if range_ != BIG_RANGE:
+        src.write_text("y\n" + "\n".join(str(v) for v in np.linspace(0, 1, 50)) + "\n")
+    out = tmp_path / "o.csv"
+    assert cli.main(["privatize", str(src), "-o", str(out), "--label-column", "y", "--range", *map(str, range_),
+                     "--mechanism", name, "--epsilon", "1", "--seed", "1", "--quiet"]) == 0
+    audit_cli(["--params", str(out) + ".json", "--samples", "2000", "--audit-seed", "1", "--json"])
+    line = json.loads(capsys.readouterr().out)
+    checks = line["verified"]["checks"]
+    assert checks["fields"] and checks["prior"] and checks["parameters"] and checks["realized"], line
+    assert line["realized_pass"] and line["audit_seed"] == 1
+    if range_ != BIG_RANGE:  # (far from zero the exact check's quadrature of the ideal density is not exact enough)
+        assert line["pass"], line
+
+
+@pytest.mark.parametrize("pipeline", slow_unless(["auto", "linear-prior"], fast=["auto"]))
+def test_pipeline_on_a_range_far_from_zero_releases_only_certified_parameters(tmp_path, capsys, monkeypatch,
+                                                                                pipeline):
+    seen = _released_sets(monkeypatch)
+    src = _big_table(tmp_path / "big.csv")
+    out = tmp_path / "o.csv"
+    code = cli.main(["privatize-table", str(src), "-o", str(out), "--label-column", "y", "--range",
+                     *map(str, BIG_RANGE), "--epsilon", "0.3", "--pipeline", pipeline, "--seed", "1"])
+    if code != 0:
+        assert code == 2 and "cannot be certified" in capsys.readouterr().err and not out.exists()
+        return
+    assert seen
+    for params, *rest in seen:
+        _assert_realized_within(params, rest[0] if rest else None)

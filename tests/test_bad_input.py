@@ -144,9 +144,16 @@ PRIVATIZE_CASES = [
     ("inline fit: label outside the range", b"id,y\n1,0.5\n2,1.5\n", INLINE, 2,
      ["label 1.5 in column 'y' lies outside the public range [0.0, 1.0], at data row 2 (line 3)"]),
     ("inline fit: Latin-1 label", b"id,y\n1,0.5\xe9\n", INLINE, 2, ["not valid utf-8: byte 0xe9 in column 'y'"]),
+] + [
+    # what cannot be certified is refused, the same way at every ε above the limit (one line: no overflow warning)
+    (f"{name} at epsilon 1000", b"id,y\n1,0.5\n2,0.25\n3,0.75\n",
+     ["--mechanism", name, "--epsilon", "1000", "--range", "0", "1"], 2,
+     [f"{name}: epsilon=", "on the range [0, 1] cannot be certified for a float64 release"])
+    for name in ("rpwithprior", "laplace", "gaussian", "staircase", "rr-on-bins", "unbiased")
 ]
 # the fast subset: a saved fit refusing a bad file, an option refused inline, an inline fit refusing a label
-PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fit: label outside the range")
+PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fit: label outside the range",
+                  "rpwithprior at epsilon 1000", "rr-on-bins at epsilon 1000")
 
 
 @pytest.mark.parametrize("case, content, options, code, fragments", slow_unless(
@@ -303,12 +310,14 @@ FIT_CASES = [
      ["--objective inside does nothing for --mechanism staircase"]),
     # parameters that privatize would refuse are not saved (ways a certified float64 release runs out at a large ε)
     ("--save of laplace at epsilon 50", "l.txt", b"0.5\n", ["--mechanism", "laplace", "--epsilon", "50"],
-     ["--save: these parameters cannot be released: ", "laplace: epsilon=50 is too large for a certified float64"]),
+     ["--save: these parameters cannot be released: ", "laplace: epsilon=50 on the range [0, 1] cannot be certified "
+      "for a float64 release: epsilon above 20.1"]),
     ("--save of laplace at epsilon 500", "l.txt", b"0.5\n", ["--mechanism", "laplace", "--epsilon", "500"],
-     ["--save: these parameters cannot be released: ", "laplace: epsilon=500 is too large for a certified float64",
-      "no public grid keeps"]),
+     ["--save: these parameters cannot be released: ", "laplace: epsilon=500 on the range [0, 1] cannot be certified "
+      "for a float64 release: epsilon above 20.1"]),
     ("--save of rpwithprior at epsilon 100", "l.txt", b"0.5\n", ["--epsilon", "100"],
-     ["--save: these parameters cannot be released: ", "rpwithprior: epsilon=90 is too large for a certified float64"]),
+     ["--save: these parameters cannot be released: ", "rpwithprior: epsilon=90 on the range [0, 1] cannot be "
+      "certified for a float64 release: epsilon above 20.1"]),
 ]
 
 

@@ -1,4 +1,4 @@
-r"""``rpwjax audit``: prove each mechanism's guarantee on a grid, and try to refute it by sampling.
+r"""``rpwjax audit``: check each mechanism's guarantee on a grid and on fresh labels, and try to refute it by sampling.
 
 Two independent checks per fitted mechanism, both driven only by the
 mechanism contract (``log_density``, ``sample``, ``pure``, ``discrete``,
@@ -102,7 +102,7 @@ from jax import lax
 from scipy import stats
 
 from rpwjax import api
-from rpwjax.audit import realized
+from rpwjax.audit import certify, realized
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.errors import InputError, check_choice, check_epsilon
 from rpwjax.keys import Secret
@@ -127,6 +127,7 @@ DEFAULT_LABEL_GRID_SIZE = 33
 DEFAULT_BINS = 100
 DEFAULT_CONFIDENCE = 0.999
 DEFAULT_EPSILON = 1.0
+FRESH_LABELS = 4096  # labels drawn afresh by every audit for the realized check, per mechanism and ε
 EXAMPLE_RANGE = (0.0, 1.0)
 
 
@@ -178,6 +179,8 @@ class AuditReport:
             "output_grid": real.get("output_grid"),
             "output_range": real.get("output_range"),
             "fewest_uniforms_in_a_cell": real.get("fewest_uniforms_in_a_cell"),
+            "realized_labels": real.get("labels"),
+            "audit_seed": self.details.get("audit_seed"),
             "release_mse_change": real.get("release_mse_change"),
             "empirical_lower_bound": self.empirical_lower_bound,
             "empirical_pass": self.empirical_pass,
@@ -342,7 +345,8 @@ def _continuous_outputs(params, table, labels, grid_size):
     # Just either side, but not at the adjacent floats: where two labels' edges coincide in exact
     # arithmetic (staircase edges of y and y + Δ), rounding of ỹ - y splits them by an ulp, and
     # between them log_density mixes the two sides (a sliver of width ~1e-16 with a spurious ratio).
-    eta = EDGE_OFFSET * np.maximum(width, np.abs(b))
+    # (relative to the width; 64 float spacings of the edge where that is more: a range far from zero)
+    eta = np.maximum(EDGE_OFFSET * width, 64 * np.spacing(np.abs(b)))
     near = np.concatenate([a - eta, b + eta])
     points = np.unique(np.concatenate([base, near]))
     far = margin * 2.0 ** np.arange(1, FAR_PROBES + 1)
@@ -599,6 +603,8 @@ def audit_mechanism(
     bins: int = DEFAULT_BINS,
     confidence: float = DEFAULT_CONFIDENCE,
     name: str | None = None,
+    audit_seed: int | None = None,
+    fresh_labels: int = FRESH_LABELS,
 ) -> AuditReport:
     """Exact check and empirical audit of ONE fitted mechanism (unbatched params).
 
@@ -611,6 +617,8 @@ def audit_mechanism(
       bins: equal-width bins of the empirical audit (continuous outputs).
       confidence: joint confidence of all Clopper-Pearson bounds.
       name: the name in the report (default ``params.name``).
+      audit_seed: the seed of the realized check's ``fresh_labels`` random labels (default: drawn from OS
+        entropy, so that every audit checks labels nobody chose; recorded in the report to reproduce it).
     """
     if not isinstance(params, Mechanism):
         raise InputError(f"params must be a fitted rpwjax mechanism, got params of type {type(params).__name__}")
@@ -623,14 +631,16 @@ def audit_mechanism(
     bins = _check_count(bins, "bins")
     if not 0 < confidence < 1:
         raise InputError(f"confidence must be in (0, 1), got confidence={confidence!r}")
+    audit_seed = new_audit_seed() if audit_seed is None else _check_count(audit_seed, "audit_seed", 0)
+    fresh_labels = _check_count(fresh_labels, "fresh_labels", 0)
     eps, delta, pure = _claimed(params)
     check_epsilon(eps)
-    with jax.enable_x64(True):
+    with jax.enable_x64(True), certify.suspended():  # the audit measures the release, it does not refuse it
         labels = label_grid(params, label_grid_size)
         exact = exact_check(params, labels, grid_size, seed)
         lower_bound, empirical_pass, empirical_info = _empirical(params, exact, labels, samples, seed, bins, confidence)
-    real = realized.check(params)
-    grid_pass, grid_info = _output_grid_check(params, seed)
+        real = realized.check(params, extra_labels=realized.fresh_labels(params, fresh_labels, audit_seed))
+        grid_pass, grid_info = _output_grid_check(params, seed)
     return AuditReport(
         mechanism=name or params.name,
         epsilon=eps,
@@ -642,7 +652,7 @@ def audit_mechanism(
         empirical_lower_bound=lower_bound,
         empirical_pass=empirical_pass,
         details={"exact": exact["info"], "empirical": empirical_info, "output_grid": grid_info, "confidence": confidence,
-                 "realized": dict(real["info"], problems=real["problems"])},
+                 "realized": dict(real["info"], problems=real["problems"]), "audit_seed": audit_seed},
         output_grid_pass=grid_pass,
         realized_max_log_ratio=real["realized_max_log_ratio"],
         realized_delta=real["realized_delta"],
@@ -680,6 +690,13 @@ def _output_grid_check(params: Mechanism, seed: int) -> tuple[bool, dict]:
     return not info["problems"], info
 
 
+def new_audit_seed() -> int:
+    """A fresh audit seed from OS entropy (63 bits)."""
+    import secrets
+
+    return secrets.randbits(63)
+
+
 def example_labels() -> np.ndarray:
     """The fixed public example prior: 64 Beta(2, 5) quantiles on [0, 1] (no randomness, no data)."""
     return stats.beta.ppf((np.arange(64) + 0.5) / 64, 2, 5)
@@ -713,19 +730,21 @@ def audit(
     epsilon=DEFAULT_EPSILON,
     samples: int = DEFAULT_SAMPLES,
     seed: int = 0,
+    audit_seed: int | None = None,
     **options,
 ) -> list[AuditReport]:
     """Fit each named mechanism (``"all"``: every registered one) at each ``epsilon`` and audit it.
 
     Every mechanism is fitted with :func:`rpwjax.api.fit` on :func:`example_labels`
     over [0, 1]; ``options`` go to :func:`audit_mechanism`. Reports are ordered
-    by mechanism, then ε.
+    by mechanism, then ε. ``audit_seed`` (default: one from OS entropy) seeds every report's fresh labels.
     """
     eps = np.atleast_1d(check_epsilon(epsilon))
     samples = _check_count(samples, "samples")
     seed = _check_count(seed, "seed", 0)
+    audit_seed = new_audit_seed() if audit_seed is None else _check_count(audit_seed, "audit_seed", 0)
     return [
-        audit_mechanism(fit_example(n, float(e)), samples=samples, seed=seed, name=n, **options)
+        audit_mechanism(fit_example(n, float(e)), samples=samples, seed=seed, name=n, audit_seed=audit_seed, **options)
         for n in _names(names) for e in eps
     ]
 
@@ -733,10 +752,11 @@ def audit(
 # --------------------------------------------------------------------------- runs and their text
 
 
-def run_audit(mechanisms=None, epsilons=None, *, samples: int = DEFAULT_SAMPLES, seed: int = 0) -> dict:
+def run_audit(mechanisms=None, epsilons=None, *, samples: int = DEFAULT_SAMPLES, seed: int = 0,
+              audit_seed: int | None = None) -> dict:
     """Audit registered mechanisms on the example prior at one or more ε.
 
-    Returns ``{"reports", "broken", "keys", "pass"}``: one :class:`AuditReport` per (mechanism, ε); a
+    Returns ``{"reports", "broken", "keys", "pass", "audit_seed"}``: one :class:`AuditReport` per (mechanism, ε); a
     mechanism that cannot be fitted or audited is reported in ``broken`` (the others are still audited);
     ``keys`` is the key-derivation check (:func:`rpwjax.audit.realized.key_space_check`). Bad arguments
     raise :class:`~rpwjax.errors.InputError`.
@@ -744,52 +764,72 @@ def run_audit(mechanisms=None, epsilons=None, *, samples: int = DEFAULT_SAMPLES,
     eps = np.atleast_1d(check_epsilon(epsilons if epsilons is not None else [DEFAULT_EPSILON]))
     samples = _check_count(samples, "samples")
     seed = _check_count(seed, "seed", 0)
+    audit_seed = new_audit_seed() if audit_seed is None else _check_count(audit_seed, "audit_seed", 0)
     names = _names(mechanisms if mechanisms is not None else "all")
     keys = realized.key_space_check()
     reports, broken = [], []
     for name in names:
         for e in eps:
             try:
-                reports += audit([name], float(e), samples, seed)
+                reports += audit([name], float(e), samples, seed, audit_seed=audit_seed)
             except Exception as err:  # noqa: BLE001 - the arguments are valid: this mechanism is broken, not the call
                 broken.append(f"{name} at epsilon={e:g}: could not be audited: {type(err).__name__}: {err}")
     ok = bool(reports and not broken and keys["pass"] and all(r.passed for r in reports))
-    return {"reports": reports, "broken": broken, "keys": keys, "pass": ok}
+    return {"reports": reports, "broken": broken, "keys": keys, "pass": ok, "audit_seed": audit_seed}
 
 
-def audit_params_file(path, *, samples: int = DEFAULT_SAMPLES, seed: int = 0) -> dict:
+def audit_params_file(path, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, audit_seed: int | None = None) -> dict:
     """Audit a saved fit: the record's verification (:func:`rpwjax.audit.verify.check_record`) and the
     exact, realized and empirical checks of its parameters, against the epsilon_mechanism and delta it states.
 
-    Returns ``{"report", "record", "broken", "keys", "pass"}`` (``report`` is None when the parameters
-    do not parse).
+    ``path`` is a params file (``rpwjax fit --save``) or a privatize sidecar (``OUTPUT.json``): the fields a
+    release adds to the record (:data:`SIDECAR_FIELDS`) are set aside first. Returns ``{"report", "record",
+    "broken", "keys", "pass", "audit_seed"}`` (``report`` is None when the parameters do not parse).
     """
     from rpwjax import io
     from rpwjax.audit import verify
 
     samples = _check_count(samples, "samples")
     seed = _check_count(seed, "seed", 0)
-    params, record = verify.check_record(io.read_json(path))
+    audit_seed = new_audit_seed() if audit_seed is None else _check_count(audit_seed, "audit_seed", 0)
+    params, record = verify.check_record(fit_record(io.read_json(path)))
     keys = realized.key_space_check()
     report, broken = None, []
     if params is not None:
         try:
-            report = audit_mechanism(params, samples=samples, seed=seed, name=record["mechanism"])
+            report = audit_mechanism(params, samples=samples, seed=seed, name=record["mechanism"],
+                                     audit_seed=audit_seed)
             report = _judged_against(report, record["epsilon_mechanism"], record["delta"])
         except Exception as err:  # noqa: BLE001 - parameters that break the audit fail it
             broken.append(f"{path}: could not be audited: {type(err).__name__}: {err}")
     ok = bool(record["pass"] and report is not None and report.passed and not broken and keys["pass"])
-    return {"report": report, "record": record, "broken": broken, "keys": keys, "pass": ok}
+    return {"report": report, "record": record, "broken": broken, "keys": keys, "pass": ok, "audit_seed": audit_seed}
 
 
-def legend(samples: int, keys: dict) -> str:
+# what rpwjax privatize adds to the fit's record in its sidecar (rpwjax.privatize.privatize_file)
+SIDECAR_FIELDS = ("rows", "label_column", "output_grid", "output_range", "release_grid", "release_range",
+                  "postprocessing", "randomness", "verified", "prior_is_public")
+
+
+def fit_record(record):
+    """The fit record inside a privatize sidecar (``OUTPUT.json``): the sidecar less :data:`SIDECAR_FIELDS`;
+    anything else unchanged (a params file passes through)."""
+    if isinstance(record, dict) and "rows" in record and "label_column" in record:
+        return {k: v for k, v in record.items() if k not in SIDECAR_FIELDS}
+    return record
+
+
+def legend(samples: int, keys: dict, audit_seed: int | None = None) -> str:
     """What each column of :func:`format_table` means (printed under the table)."""
     return (
         f"exact: max log density ratio of the ideal density over a grid of labels and outputs, pass iff <= "
         f"eps + {RATIO_TOLERANCE:g}; (eps, delta)-DP mechanisms: delta(eps) of the privacy-loss profile <= delta."
         f"\nrealized: the exact probability of every value the release path can emit (2^52 uniforms, bisection "
         f"on the monotone sampler), max log ratio over labels, pass iff <= eps + {realized.REALIZED_TOLERANCE:g} "
-        f"(Gaussian: realized delta <= delta)."
+        f"(Gaussian: realized delta <= delta); labels: the range ends, every breakpoint and its float "
+        f"neighbours, a grid, and {FRESH_LABELS} fresh random labels"
+        + ("" if audit_seed is None else f" (audit seed {audit_seed}; --audit-seed {audit_seed} reproduces them)")
+        + "."
         f"\nempirical: {samples} released samples at each of two labels, Clopper-Pearson + Bonferroni lower bound "
         f"on eps at {DEFAULT_CONFIDENCE:.1%} confidence, fail iff > claimed eps."
         f"\ngrid: the public output grid (none: discrete outputs); every released value lies on it and in the "

@@ -11,14 +11,17 @@ equally likely uniforms ``u_k = (k + 1/2)·2^-52``. For a label ``y`` the
 Every shipped sampler is non-decreasing in ``u`` (checked here on random
 sorted ``k``), and so are the snap and the clamp, so the ``k`` that give ``c``
 form an interval, and ``K(c) = \#\{k : \mathrm{release}(u_k, y) < c\}`` is found
-exactly by bisection on ``k`` (53 steps, vectorized over all cells). The
+exactly by bisection on ``k`` (vectorized over all cells and a batch of
+labels; a first pass over every 2^36-th ``k`` brackets each threshold, so
+the bisection takes 37 steps, not 53). The
 cells are all values the release can emit: the grid points of the public
 output range (continuous mechanisms, at most ``MAX_CELLS + 1``), or the
 output values (discrete). Random ``k`` also confirm that every emitted value
 is one of those cells.
 
 Then, over a set of labels (range ends, both sides of every breakpoint, a
-grid and random points):
+grid; ``rpwjax audit`` adds thousands of fresh random labels, streamed through
+the per-cell maximum and minimum so that memory does not grow with them):
 
 * pure mechanisms: ``realized_max_log_ratio`` = max over cells of
   log max_y P(c|y) - log min_y P(c|y) (infinite where one label can emit a
@@ -41,18 +44,20 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from rpwjax.release_path import UNIFORM_COUNT, released_values, sidecar_fields, spec, uniform_from_index
+from rpwjax.release_path import UNIFORM_COUNT, released_values, spec, uniform_from_index
 from rpwjax.mechanisms.base import Mechanism
 
 REALIZED_TOLERANCE = 1e-6
-RANDOM_LABELS = 8
 CHECK_DRAWS = 1 << 14  # random k per label for the monotonicity and membership checks
 MAX_ENUMERATION = 1 << 25  # value_fn with at most this many uniforms may be enumerated
+COARSE_BITS = 16  # the bracketing pass evaluates at most every (count / 2^16)-th uniform
+LABEL_BATCH = 32  # labels bisected together (vmapped)
+STREAM_BATCH = 256  # extra labels whose counts are held at once
 
 
-def shipped_value_fn(params: Mechanism):
-    """(value_fn(k, y), N, cells) of the shipped release of ``params``."""
-    s = spec(params)
+def shipped_value_fn(params: Mechanism, output_spec: dict | None = None):
+    """(value_fn(k, y), N, cells) of the shipped release of ``params`` (with ``output_spec``, default its spec)."""
+    s = spec(params) if output_spec is None else output_spec
     grid, low, high = s["grid"], float(np.min(s["low"])), float(np.max(s["high"]))
 
     def value_fn(k, y):
@@ -65,10 +70,11 @@ def shipped_value_fn(params: Mechanism):
     return value_fn, UNIFORM_COUNT, cells
 
 
-def audit_labels(params: Mechanism, grid_size: int = 17, seed: int = 0) -> np.ndarray:
-    """Range ends, a grid, both float neighbours of every label breakpoint, and random labels."""
+def audit_labels(params: Mechanism, grid_size: int = 17) -> np.ndarray:
+    """The fixed labels of every realized check: range ends, a grid, every label breakpoint and both its float
+    neighbours (where the realized pmf can change its form)."""
     lo, hi = float(params.lo), float(params.hi)
-    points = [np.linspace(lo, hi, grid_size), np.random.default_rng(seed).uniform(lo, hi, RANDOM_LABELS)]
+    points = [np.linspace(lo, hi, grid_size)]
     for b in params.breakpoints():
         b = np.asarray(b, np.float64).ravel()
         points += [b, np.nextafter(b, -np.inf), np.nextafter(b, np.inf)]
@@ -76,22 +82,40 @@ def audit_labels(params: Mechanism, grid_size: int = 17, seed: int = 0) -> np.nd
     return labels[(labels >= lo) & (labels <= hi)]
 
 
+def fresh_labels(params: Mechanism, count: int, seed: int) -> np.ndarray:
+    """``count`` labels drawn uniformly on [lo, hi] from ``seed`` (the audit draws its seed from OS entropy)."""
+    return np.random.default_rng(seed).uniform(float(params.lo), float(params.hi), int(count))
+
+
 @partial(jax.jit, static_argnames=("value_fn", "count"))
 def _thresholds(value_fn, count, cells, labels):
-    """K[l, j] = #{k < count : value_fn(k, labels[l]) < cells[j]} by bisection (value_fn non-decreasing in k)."""
-    steps = int(count).bit_length() + 1
+    """K[l, j] = #{k < count : value_fn(k, labels[l]) < cells[j]} by bisection (value_fn non-decreasing in k).
+
+    A first pass evaluates every ``stride``-th k; where a cell falls among those values brackets its threshold
+    to ``stride`` uniforms, then bisection finishes it. Labels are bisected together (vmapped).
+    """
+    count = int(count)
+    bits = min(COARSE_BITS, int(cells.shape[0]).bit_length() + 1)  # 2^bits evaluations save bits steps per cell
+    stride = max(count >> bits, 1)
+    coarse_k = jnp.arange(0, count, stride, dtype=jnp.int64)  # k_j = j·stride < count
+    ends = jnp.concatenate([coarse_k, jnp.array([count], jnp.int64)])
+    steps = stride.bit_length() + 1
 
     def one(y):
+        v = value_fn(coarse_k, y)
+        j = jnp.searchsorted(v, cells, side="left")  # #{j : v_j < c}: the threshold is in (k_{j-1}, k_j]
+        low = jnp.where(j > 0, ends[jnp.maximum(j - 1, 0)] + 1, 0)
+        high = jnp.where(j > 0, ends[j], 0)
+
         def body(_, state):
             low, high = state
             mid = (low + high) // 2
             below = value_fn(jnp.minimum(mid, count - 1), y) < cells
             return jnp.where(below, mid + 1, low), jnp.where(below, high, mid)
 
-        start = (jnp.zeros(cells.shape, jnp.int64), jnp.full(cells.shape, count, jnp.int64))
-        return lax.fori_loop(0, steps, body, start)[0]
+        return lax.fori_loop(0, steps, body, (low, high))[0]
 
-    return lax.map(one, labels)
+    return jax.vmap(one)(labels)
 
 
 @partial(jax.jit, static_argnames=("value_fn",))
@@ -117,7 +141,10 @@ def realized_counts(value_fn: Callable, count: int, labels, cells=None) -> dict[
             counts = np.stack([np.bincount(np.searchsorted(cells, v), minlength=cells.size) for v in values])
             return {"cells": cells, "counts": counts, "problems": problems}
         cells = np.asarray(cells, np.float64)
-        thresholds = np.asarray(_thresholds(value_fn, int(count), jnp.asarray(cells), jnp.asarray(labels)), np.int64)
+        padded = np.concatenate([labels, np.full(-labels.size % LABEL_BATCH, labels[0] if labels.size else 0.0)])
+        thresholds = np.concatenate([
+            np.asarray(_thresholds(value_fn, int(count), jnp.asarray(cells), jnp.asarray(batch)), np.int64)
+            for batch in padded.reshape(-1, LABEL_BATCH)])[: labels.size]
         draws = np.sort(np.random.default_rng(1).integers(0, count, CHECK_DRAWS))
         draws[0], draws[-1] = 0, count - 1
         values = np.asarray(_evaluate(value_fn, jnp.asarray(draws, jnp.int64), jnp.asarray(labels)), np.float64)
@@ -155,14 +182,21 @@ def release_mse(cells, counts, count, labels) -> np.ndarray:
     return np.sum(p * (cells[None, :] - np.asarray(labels)[:, None]) ** 2, axis=1)
 
 
-def check(params: Mechanism, *, labels=None, value_fn=None, count=None, cells=None) -> dict[str, Any]:
-    """The as-implemented check of ``params`` (default: its shipped release).
+def _pair_delta(p: np.ndarray, q: np.ndarray, growth: float) -> float:
+    """max over rows i of p, j of q of Σ_c max(0, p_i - e^ε q_j) (both directions are the caller's)."""
+    return float(max(np.maximum(row[None, :] - growth * q, 0.0).sum(axis=1).max() for row in p))
 
-    Returns ``realized_max_log_ratio``, ``realized_delta`` (at the claimed ε),
-    ``pass``, ``problems``, the release's ``output_grid``/``output_range``, the
-    fewest uniforms in a used cell, and ``release_mse_change``: the relative
-    change of the label MSE (mean over the audited labels) that the grid and
-    the clamp cause against the ideal mechanism's ``mse``.
+
+def check(params: Mechanism, *, labels=None, value_fn=None, count=None, cells=None, output_spec=None,
+          extra_labels=None) -> dict[str, Any]:
+    """The as-implemented check of ``params`` (default: its shipped release, with ``output_spec``).
+
+    ``labels`` (default :func:`audit_labels`) are all compared with each other; ``extra_labels`` (the audit's
+    fresh labels) are streamed in batches into the per-cell maximum and minimum count (and, for δ, compared
+    with every one of ``labels``). Returns ``realized_max_log_ratio``, ``realized_delta`` (at the claimed ε),
+    ``pass``, ``problems``, the release's ``output_grid``/``output_range``, the fewest uniforms in a used
+    cell, and ``release_mse_change``: the relative change of the label MSE (mean over ``labels``) that the
+    grid and the clamp cause against the ideal mechanism's ``mse``.
     """
     eps = float(np.asarray(params.epsilon))
     pure = bool(getattr(params, "pure", True))
@@ -171,14 +205,25 @@ def check(params: Mechanism, *, labels=None, value_fn=None, count=None, cells=No
         labels = audit_labels(params)
     info: dict[str, Any] = {}
     if value_fn is None:
-        value_fn, count, cells = shipped_value_fn(params)
-        info.update(sidecar_fields(params))
+        s = spec(params) if output_spec is None else output_spec
+        value_fn, count, cells = shipped_value_fn(params, s)
+        info.update(output_grid=s["grid"], output_range=[float(np.min(s["low"])), float(np.max(s["high"]))])
     result = realized_counts(value_fn, count, labels, cells)
     counts, cells = result["counts"], result["cells"]
-    ratio = max_log_ratio(counts)
-    real_delta = realized_delta(counts, count, eps)
-    used = counts.max(axis=0) > 0
     problems = list(result["problems"])
+    top, bottom = counts.max(axis=0), counts.min(axis=0)
+    real_delta = realized_delta(counts, count, eps)
+    extra = np.asarray([] if extra_labels is None else extra_labels, np.float64).ravel()
+    growth = np.exp(eps)
+    for start in range(0, extra.size, STREAM_BATCH):
+        part = realized_counts(value_fn, count, extra[start : start + STREAM_BATCH], cells)
+        problems += [p for p in part["problems"] if p not in problems]
+        top, bottom = np.maximum(top, part["counts"].max(axis=0)), np.minimum(bottom, part["counts"].min(axis=0))
+        if not pure:
+            p, q = part["counts"] / count, counts / count
+            real_delta = max(real_delta, _pair_delta(p, q, growth), _pair_delta(q, p, growth))
+    ratio = max_log_ratio(np.stack([top, bottom]))
+    used = top > 0
     if pure and not ratio <= eps + REALIZED_TOLERANCE:
         problems.append(f"realized max log ratio {ratio:.9g} exceeds epsilon={eps:g} + {REALIZED_TOLERANCE:g}")
     if not pure and not real_delta <= delta:
@@ -187,10 +232,11 @@ def check(params: Mechanism, *, labels=None, value_fn=None, count=None, cells=No
         ideal = np.asarray(params.mse(jnp.asarray(labels, jnp.float64)), np.float64)
     shipped = release_mse(cells, counts, count, labels)
     info.update(
-        labels=int(np.size(labels)),
+        labels=int(np.size(labels) + extra.size),
+        fresh_labels=int(extra.size),
         cells=int(used.sum()),
         uniforms=int(count),
-        fewest_uniforms_in_a_cell=int(counts[:, used].min()) if used.any() else 0,
+        fewest_uniforms_in_a_cell=int(bottom[used].min()) if used.any() else 0,
         release_mse_change=float(shipped.mean() / ideal.mean() - 1.0),
     )
     return {

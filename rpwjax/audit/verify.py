@@ -385,11 +385,11 @@ def _exact_stage(params, stated: dict, problems: list[str]) -> dict:
 
 
 def _realized_stage(params, stated: dict, problems: list[str]) -> dict:
-    from rpwjax.audit import realized
+    from rpwjax.audit import certify, realized
 
     eps2, delta = stated["epsilon_mechanism"], stated["delta"]
     try:
-        real = realized.check(params)
+        real = certify.realized_result(params)  # cached: the release that follows does not run it again
     except Exception as err:  # noqa: BLE001 - e.g. no certified release grid for these parameters
         problems.append(f"realized check could not run: {type(err).__name__}: {err}")
         return {}

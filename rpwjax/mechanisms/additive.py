@@ -155,8 +155,8 @@ class _Additive(Mechanism):
                 break
             h *= 2
         else:  # at a very large ε the noise is too narrow for any float64 grid to keep every cell's mass
-            raise InputError(f"{self.name}: epsilon={float(np.max(self.epsilon)):g} is too large for a certified "
-                             f"float64 release (no public grid keeps {MIN_CELL_COUNT:g} uniforms in every cell)")
+            raise InputError(f"epsilon is too large: no public grid keeps {MIN_CELL_COUNT:g} of the 2^52 uniforms in "
+                             "every output cell")
         return {"grid": h, "low": np.ceil((self.lo - margin) / h) * h, "high": np.floor((self.hi + margin) / h) * h}
 
 

@@ -53,6 +53,8 @@ class Mechanism:
     name: ClassVar[str]
     pure: ClassVar[bool] = True
     discrete: ClassVar[bool] = False
+    # fields that are positions on the label axis (they move with a translation of it; the rest are scales)
+    position_fields: ClassVar[tuple] = ("lo", "hi")
 
     def __init_subclass__(cls, **kwargs):
         # A subclass that only overrides methods (a variant sampler, a deliberately
@@ -89,6 +91,14 @@ class Mechanism:
             raise NotImplementedError
         outputs = np.asarray(self.outputs, np.float64)
         return {"grid": None, "low": outputs.min(axis=-1), "high": outputs.max(axis=-1)}
+
+    def translated(self, shift: float):
+        """The same mechanism on the label axis moved by ``shift`` (a Python float): every field in
+        :attr:`position_fields` plus ``shift``. The release samples a continuous mechanism this way, relative to
+        a public origin near the range (:func:`rpwjax.release_path.released_values`), so that float64 rounding
+        scales with the distance from the range, not with its magnitude."""
+        shift = float(shift)
+        return dataclasses.replace(self, **{f: getattr(self, f) + shift for f in self.position_fields})
 
     def log_density(self, y_tilde, y):  # pragma: no cover - interface
         raise NotImplementedError

@@ -67,6 +67,7 @@ class RPWithPrior(Mechanism):
     objective: str = "neighborhood"
 
     name = "rpwithprior"
+    position_fields = ("lo", "hi", "a1", "a2")
 
     @property
     def gamma(self):
@@ -112,6 +113,46 @@ class RPWithPrior(Mechanism):
         need = np.maximum(2.0 * MIN_CELL_COUNT * gamma * np.exp(eps) / UNIFORM_COUNT, width / MAX_CELLS)
         h = pow2_at_least(float(np.max(need)))
         return {"grid": h, "low": np.ceil((a1 - zeta) / h) * h, "high": np.floor((a2 + zeta) / h) * h}
+
+    def realized_ratio_bound(self, grid, low, high):
+        r"""An upper bound on the realized max log ratio of the shipped release, per parameter row (NaN: none).
+
+        For the shipped sampler only (this class's :meth:`sample_from_uniform`, run relative to the release's
+        origin o by :func:`rpwjax.release_path.released_values`). With A = A1 - o, B = A2 - o, g = fl(e^ε) and
+        Γ the computed γ, every intermediate of the inverse CDF is at most R = |A| + |B| + 2ζ + Γg + |lo - o| +
+        |hi - o| in size, each branch rounds at most six times and multiplies an error by g at most once, and
+        the branch point and the right end of the support move by at most 2^-52·R between the computed and the
+        exact piecewise-linear map of t = uΓ (slopes g, 1, g: densities 1/(Γg) and 1/Γ, ratio g between any two
+        labels at every point of the common support). So the computed value is within E = 32·2^-53·R of the
+        exact one (twice the count of roundings). A cell's count of the 2^52 uniforms is then N·P ± (2NE/Γ + 2)
+        (the band of width 2E has mass at most 2E/Γ; each end of an interval of uniforms, one index), while
+        every cell, the two end cells included (at least h/2 of the support each, less the rounding of the
+        grid points), has ideal probability at least P_min = (h/2 - 2E - 2^-52(|A1| + |A2| + ζ))/(Γg). With
+        r = (2E/Γ + 2/N)/P_min the realized ratio is at most g(1 + r)/(1 - r).
+        """
+        from rpwjax.mechanisms.base import Mechanism
+        from rpwjax.release_path import UNIFORM_COUNT, origin
+
+        shipped = (type(self).sample_from_uniform is RPWithPrior.sample_from_uniform
+                   and type(self).translated is Mechanism.translated)
+        eps, zeta, a1, a2 = (np.asarray(v, np.float64) for v in (self.epsilon, self.zeta, self.a1, self.a2))
+        low, high = np.asarray(low, np.float64), np.asarray(high, np.float64)
+        if not shipped or grid is None:
+            return np.full(np.broadcast(eps, a1, low).shape, np.nan)
+        h, o = float(grid), origin(self, grid)
+        unit = 2.0 ** -53
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            g = np.exp(eps)
+            a, b = a1 - o, a2 - o
+            big_gamma = 2 * zeta + np.exp(-eps) * (b - a)
+            size = np.abs(a) + np.abs(b) + 2 * zeta + big_gamma * g + abs(self.lo - o) + abs(self.hi - o)
+            err = 32 * unit * size
+            p_min = (h / 2 - 2 * err - 2 * unit * (np.abs(a1) + np.abs(a2) + zeta)) / (big_gamma * g)
+            r = (2 * err / big_gamma + 2.0 / UNIFORM_COUNT) / p_min
+            bound = np.log(g) + np.log1p(r) - np.log1p(-r) + 8 * unit
+            valid = ((zeta > 0) & (self.lo <= a1) & (a1 <= a2) & (a2 <= self.hi) & (low >= a1 - zeta - h / 2)
+                     & (high <= a2 + zeta + h / 2) & (low < high) & (p_min > 0) & (r < 1) & np.isfinite(g))
+        return np.where(valid, bound, np.nan)
 
     def log_density(self, y_tilde, y):
         y_tilde = jnp.asarray(y_tilde)
