@@ -78,7 +78,9 @@ def params_digest(params: Mechanism) -> str:
     table) gives independent uniforms.
     """
     leaves, treedef = jax.tree_util.tree_flatten(params)
-    h = hashlib.sha256(canonical_json({"mechanism": params.name, "tree": str(treedef)}).encode())
+    cls = type(params)
+    h = hashlib.sha256(canonical_json({"mechanism": params.name, "class": f"{cls.__module__}.{cls.__qualname__}",
+                                       "tree": str(treedef)}).encode())
     for leaf in leaves:
         a = np.ascontiguousarray(np.asarray(leaf, np.float64))
         h.update(repr(a.shape).encode())

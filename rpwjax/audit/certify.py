@@ -46,7 +46,7 @@ import numpy as np
 
 from rpwjax.errors import InputError
 from rpwjax.mechanisms.base import Mechanism
-from rpwjax.release_path import range_text, spec
+from rpwjax.release_path import params_digest, range_text, spec
 FULL_CHECK_SETS = 8  # per-row parameters with at most this many distinct sets: the realized check on each
 
 _results: dict = {}  # key -> realized check result (pass or fail), this process only
@@ -65,15 +65,8 @@ def suspended():
 
 
 def digest(params: Mechanism, output_spec: dict | None = None) -> str:
-    """SHA-256 (hex) of the exact parameters: class, static fields, every leaf's float64 bytes, and the release spec."""
-    h = hashlib.sha256()
-    cls = type(params)
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    h.update(f"{cls.__module__}.{cls.__qualname__}|{treedef}".encode())
-    for leaf in leaves:
-        a = np.ascontiguousarray(np.asarray(leaf, np.float64))
-        h.update(repr(a.shape).encode())
-        h.update(a.tobytes())
+    """SHA-256 (hex) of the exact parameters (:func:`rpwjax.release_path.params_digest`) and the release spec."""
+    h = hashlib.sha256(params_digest(params).encode())
     if output_spec is not None:
         h.update(repr(output_spec["grid"]).encode())
         for k in ("low", "high"):
