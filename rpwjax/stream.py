@@ -28,7 +28,7 @@ import numpy as np
 BLOCK_ROWS = 1 << 16  # rows of one release block (the unit of padding and of device sharding)
 WORDS_PER_CHACHA_BLOCK = 8  # 64-bit words per 512-bit ChaCha block
 BLOCK_WORDS = BLOCK_ROWS // WORDS_PER_CHACHA_BLOCK  # ChaCha blocks per release block
-ROUNDS = 20
+ROUNDS = 20  # ChaCha20, the block function of RFC 8439
 _CONSTANTS = np.frombuffer(b"expand 32-byte k", dtype="<u4")
 
 
@@ -47,7 +47,7 @@ def _quarter_round(s, a, b, c, d):
     s[b] = _rotl(s[b] ^ s[c], 7)
 
 
-def chacha_block(key, counter_low, counter_high, nonce=(0, 0)):
+def chacha_block(key, counter_low, counter_high, nonce=(0, 0), rounds: int = ROUNDS):
     """The 16 output words (a list of uint32 arrays) of the ChaCha20 blocks at the given counters.
 
     ``key``: 8 uint32 words (little-endian key bytes); ``counter_low``,
@@ -63,7 +63,7 @@ def chacha_block(key, counter_low, counter_high, nonce=(0, 0)):
             + [counter_low, counter_high]
             + [jnp.full(shape, n, jnp.uint32) for n in nonce])
     s = list(init)
-    for _ in range(ROUNDS // 2):
+    for _ in range(rounds // 2):
         _quarter_round(s, 0, 4, 8, 12)
         _quarter_round(s, 1, 5, 9, 13)
         _quarter_round(s, 2, 6, 10, 14)
@@ -75,7 +75,7 @@ def chacha_block(key, counter_low, counter_high, nonce=(0, 0)):
     return [x + x0 for x, x0 in zip(s, init)]
 
 
-def block_bits(key, block_counter):
+def block_bits(key, block_counter, rounds: int = ROUNDS):
     """The 64-bit words of one release block: uint64 array of :data:`BLOCK_ROWS` (needs ``jax.enable_x64``).
 
     ``block_counter`` = (low, high) uint32 words of ``b·BLOCK_WORDS`` for release
@@ -83,7 +83,7 @@ def block_bits(key, block_counter):
     number within the release block never carries).
     """
     j = jnp.arange(BLOCK_WORDS, dtype=jnp.uint32)
-    words = chacha_block(key, block_counter[0] | j, block_counter[1])
+    words = chacha_block(key, block_counter[0] | j, block_counter[1], rounds=rounds)
     pairs = [(words[2 * w].astype(jnp.uint64) << jnp.uint64(32)) | words[2 * w + 1].astype(jnp.uint64)
              for w in range(WORDS_PER_CHACHA_BLOCK)]
     return jnp.concatenate(pairs)
