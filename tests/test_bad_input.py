@@ -365,6 +365,29 @@ def test_privatize_table_errors_name_rows_and_warnings_are_one_line(shared, tmp_
     assert [r[:3] for r in got] == [list(r[:3]) for r in rows]
 
 
+# --------------------------------------------------------------------------- the Python API
+
+# (case, fit arguments over the defaults, fragment of the message): refused before anything is fitted
+API_CASES = [
+    ("labels of two dimensions", {"labels": np.full((2, 50), 0.5)}, "labels must be one-dimensional"),
+    ("epsilon as text", {"epsilon": "1"}, "epsilon must be a number or a list of numbers, got epsilon='1'"),
+    ("epsilon as a list of text", {"epsilon": ["1"]}, "got epsilon=['1']"),
+    ("epsilon as a boolean", {"epsilon": True}, "got epsilon=True"),
+    ("epsilon None", {"epsilon": None}, "got epsilon=None"),
+    ("prior epsilon as text", {"prior_epsilon": "0.1"}, "prior_epsilon must be a number"),
+]
+
+
+@pytest.mark.parametrize("case, arguments, fragment", API_CASES, ids=[c[0] for c in API_CASES])
+def test_fit_refuses_bad_input_with_the_value(case, arguments, fragment):
+    from rpwjax import InputError, fit
+
+    kwargs = {"labels": np.full(100, 0.5), "range": (0, 1), "epsilon": 1.0, "seed": 0, **arguments}
+    with pytest.raises(InputError) as info:
+        fit("rpwithprior", kwargs.pop("labels"), **kwargs)
+    assert fragment in str(info.value)
+
+
 # --------------------------------------------------------------------------- row numbers deep in a big file
 
 BIG_ROWS = 230_000
