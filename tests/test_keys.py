@@ -306,6 +306,8 @@ def test_key_material_appears_in_no_output(data, tmp_path, capsys):
     (b"\xff\xfe" * 32, "not ASCII"),
     ("", "0 characters"),
     (None, "does not exist"),
+    ("0" * 64 + "\n", "take only 1 distinct value"),  # all zeros: typed, not drawn
+    ("01234567" * 8 + "\n", "take only 4 distinct value"),  # a repeated pattern
 ])
 def test_a_bad_key_file_exits_2_with_one_line_that_hides_its_content(data, tmp_path, capsys, content, why):
     d, _ = data
@@ -330,6 +332,26 @@ def test_a_bad_key_file_exits_2_with_one_line_that_hides_its_content(data, tmp_p
             for i in range(len(text) - 7):  # not even 8 characters of it
                 assert text[i:i + 8] not in err + out
         assert not (tmp_path / "o.csv").exists() and not (tmp_path / "t.csv").exists()
+
+
+def test_a_weak_key_names_where_a_key_file_must_come_from():
+    with pytest.raises(InputError, match="must come from `rpwjax keygen` or an equally strong source"):
+        Secret.from_hex("ab" * 32)
+    Secret.from_hex("0123456789abcdef" * 4)  # 8 distinct bytes: accepted
+
+
+def test_a_key_file_others_can_read_gets_one_warning_line(data, tmp_path, capsys):
+    d, _ = data
+    key = fixed_key(tmp_path / "open.key", 5)
+    argv = ["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "laplace", "--epsilon", "1",
+            "--key-file", key]
+    code, _, err = run(argv, capsys)
+    assert code == 0 and err == "", err  # mode 0600: nothing to say
+    key.chmod(0o644)
+    code, _, err = run(argv, capsys)
+    assert code == 0, err
+    assert err.count("\n") == 1 and err.startswith("rpwjax fit: warning: key file ") and str(key) in err, err
+    assert "mode 0644" in err and "chmod 600" in err and key_hex(key)[:8] not in err
 
 
 def test_key_material_given_as_the_path_is_not_echoed(data, tmp_path, capsys):
