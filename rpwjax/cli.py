@@ -146,7 +146,11 @@ def _add_encoding_option(p: argparse.ArgumentParser):
 def _secret(args):
     from rpwjax.keys import resolve_secret
 
-    return resolve_secret(args.key_file, args.seed)
+    secret = resolve_secret(args.key_file, args.seed)
+    if args.seed is not None:  # never unnoticed: the sidecar says so too
+        print(f"rpwjax {args.command}: warning: reproducible seed: not for production (--seed {args.seed} is for "
+              "experiments; a release takes --key-file or fresh OS entropy)", file=sys.stderr)
+    return secret
 
 
 def _fit(args, labels, epsilon, secret):
@@ -196,8 +200,9 @@ def cmd_fit(args) -> int:
         if problems:
             raise InputError(f"--save: these parameters cannot be released: {problems[0]}")
         io.write_json(args.save, records[0])
-    if args.json:
-        print(json.dumps(records, indent=2))
+    if args.json:  # JSON Lines, as every --json: one object per epsilon
+        for r in records:
+            print(json.dumps(r))
         if len(records) > 1:
             print(f"rpwjax fit: {records[0]['all_records']['note']}", file=sys.stderr)
     else:
@@ -479,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fit_options(p, many_epsilons=True, required=True)
     _add_secret_options(p, "private histogram's noise")
     p.add_argument("--save", default=None, help="write the fit (exactly one epsilon) to this JSON file")
-    p.add_argument("--json", action="store_true", help="print a JSON list, one object per epsilon")
+    p.add_argument("--json", action="store_true", help="print JSON Lines, one object per epsilon")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("keygen", help="write a fresh 256-bit secret (64 hex characters) for --key-file")

@@ -26,7 +26,7 @@ from rpwjax import cli
 from rpwjax.errors import InputError
 from rpwjax.keys import KEY_FILE_HEX, SECRET_BYTES, Secret
 from rpwjax.release_path import BLOCK_ROWS
-from helpers import fixed_key, run, slow_unless
+from helpers import fixed_key, json_lines, run, slow_unless
 
 ROWS = BLOCK_ROWS + 4_464  # the rows cross a block boundary
 HEX = "0123456789abcdef"
@@ -175,7 +175,7 @@ def test_one_hex_digit_first_or_last_changes_the_output(data, tmp_path, capsys):
         code, out, err = run(["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "rpwithprior",
                               "--epsilon", "1", "--key-file", key, "--json"], capsys)
         assert code == 0, err
-        fits.append(json.loads(out)[0]["prior"]["masses"])
+        fits.append(json_lines(out)[0]["prior"]["masses"])
     assert fits[0] != fits[1] and fits[0] != fits[2] and fits[1] != fits[2]
 
 
@@ -374,6 +374,37 @@ def test_key_file_and_seed_together_are_refused(data, tmp_path, capsys):
 # --------------------------------------------------------------------------- experiments-only seeds
 
 
+def test_every_command_that_takes_a_seed_warns_once(data, tmp_path, capsys):
+    d, _ = data
+    warning = "warning: reproducible seed: not for production"
+    for argv, code in (
+        (["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "laplace", "--epsilon", "1"], 0),
+        (["privatize", d / "small.csv", "-o", tmp_path / "o.csv", "--label-column", "y", "--params",
+          d / "laplace.json", "--quiet"], 0),
+        # the warning comes before any work: an option refused later still shows it
+        (["privatize-table", d / "small.csv", "-o", tmp_path / "t.csv", "--label-column", "y", "--range", "0", "1",
+          "--epsilon", "1", "--epochs", "3"], 2),
+    ):
+        got, out, err = run([*argv, "--seed", "3"], capsys)
+        assert got == code, err
+        lines = err.splitlines()
+        assert lines[0] == f"rpwjax {argv[0]}: {warning} (--seed 3 is for experiments; a release takes --key-file " \
+                           "or fresh OS entropy)", err
+        assert sum(warning in line for line in lines) == 1 and len(lines) == 1 + (code != 0), err
+        got, out, err = run(argv, capsys)  # without a seed: no warning
+        assert got == code and warning not in err, err
+
+
+def test_fit_json_prints_one_line_per_epsilon(data, capsys):
+    d, _ = data
+    for epsilons in (["1"], ["0.5", "1"]):
+        code, out, err = run(["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "laplace",
+                              "--epsilon", *epsilons, "--json"], capsys)
+        assert code == 0, err
+        assert len(out.splitlines()) == len(epsilons)
+        assert [r["epsilon"] for r in json_lines(out)] == [float(e) for e in epsilons]
+
+
 @pytest.mark.slow
 def test_seed_is_marked_reproducible_and_not_for_production(data, tmp_path, capsys):
     d, _ = data
@@ -407,7 +438,7 @@ def test_private_prior_is_the_default_for_fit_and_privatize(data, tmp_path, caps
     code, out, err = run(["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "rpwithprior",
                           "--epsilon", "1", "--json"], capsys)
     assert code == 0, err
-    record = json.loads(out)[0]
+    record = json_lines(out)[0]
     assert record["prior"]["kind"] == "private-histogram" and record["epsilon_prior"] > 0
     assert record["epsilon_prior"] + record["epsilon_mechanism"] == pytest.approx(record["epsilon"])
     out_path = tmp_path / "o.csv"
@@ -465,7 +496,7 @@ def test_multi_epsilon_fit_reports_each_epsilon_and_the_total_once(data, capsys)
     code, out, err = run(["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "rpwithprior",
                           "--epsilon", *epsilons, "--key-file", d / "key", "--json"], capsys)
     assert code == 0, err
-    records = json.loads(out)
+    records = json_lines(out)
     assert [r["epsilon"] for r in records] == epsilons
     for r in records:
         assert r["epsilon_prior"] + r["epsilon_mechanism"] == pytest.approx(r["epsilon"])
@@ -483,7 +514,7 @@ def test_multi_epsilon_fit_reports_each_epsilon_and_the_total_once(data, capsys)
     code, out, err = run(["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "rpwithprior",
                           "--epsilon", *epsilons, "--prior", "empirical", "--json"], capsys)
     assert code == 0, err
-    total = json.loads(out)[0]["all_records"]
+    total = json_lines(out)[0]["all_records"]
     assert total["epsilon_prior_total"] == 0 and total["empirical_prior"] is True
 
 
