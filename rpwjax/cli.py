@@ -47,6 +47,8 @@ class _Parser(argparse.ArgumentParser):
         self._negative_number_matcher = self.NEGATIVE_NUMBER
 
     def error(self, message):  # one line, exit 2, like every other bad input
+        if message.startswith("the following arguments are required") and "--range" in message:
+            message += " (the label range is public input, never read from the labels)"
         self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -176,8 +178,6 @@ def cmd_fit(args) -> int:
     from rpwjax.api import records_total
     from rpwjax.errors import InputError, check_range
 
-    if args.range is None:
-        raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
     _check_fit_options(args, spend_prior=False)
     lo, hi = check_range(*args.range)
     labels = io.read_labels(args.labels, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
@@ -235,7 +235,10 @@ def _seed_fields(secret) -> dict:
 def cmd_keygen(args) -> int:
     from rpwjax.keys import write_key_file
 
-    path = write_key_file(args.output)
+    try:
+        path = write_key_file(args.output)
+    except OSError as err:  # a read-only file system, a directory we may not write: name the file and the reason
+        raise OSError(f"cannot write the key file {str(args.output)!r}: {err.strerror or err}") from None
     print(f"wrote a 256-bit secret to {path} (keep it secret: with it anyone can undo the noise)")
     return 0
 
@@ -375,11 +378,8 @@ def _pipeline_names() -> list[str]:
 
 
 def cmd_privatize_table(args) -> int:
-    from rpwjax.errors import InputError
     from rpwjax.pipelines.table import privatize_table
 
-    if args.range is None:
-        raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
     sidecar = privatize_table(args.input, args.output, label_column=args.label_column, lo=args.range[0],
                               hi=args.range[1], epsilon=args.epsilon, pipeline=args.pipeline, secret=_secret(args),
                               clip=args.clip, encoding=args.encoding, epochs=args.epochs)
@@ -480,7 +480,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--labels", required=True, help="CSV, Parquet, or text file (one number per line)")
     p.add_argument("--label-column", default=None, help="label column (CSV/Parquet)")
     _add_encoding_option(p)
-    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range")
+    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), required=True, help="public label range")
     _add_fit_options(p, many_epsilons=True, required=True)
     _add_secret_options(p, "private histogram's noise")
     p.add_argument("--save", default=None, help="write the fit (exactly one epsilon) to this JSON file")
@@ -519,7 +519,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="input .csv or .parquet: numeric feature columns and the label column")
     p.add_argument("-o", "--output", required=True, help="output .csv or .parquet (OUTPUT.json gets the accounting)")
     p.add_argument("--label-column", required=True)
-    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range (required)")
+    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), required=True, help="public label range")
     p.add_argument("--epsilon", type=float, required=True, help="total epsilon per label")
     _add_encoding_option(p)
     _add_secret_options(p, "pipeline (split, statistics, histograms and release)")

@@ -40,6 +40,7 @@ import codecs
 import dataclasses
 import contextlib
 import csv
+import errno
 import gzip
 import io as pyio
 import json
@@ -77,6 +78,8 @@ def file_kind(path, allowed=TABLE_SUFFIXES, what="file") -> str:
 
 
 def _check_exists(path, what="input file"):
+    if Path(path).is_dir():
+        raise InputError(f"{what} {str(path)!r} is a directory: give a file")
     if not Path(path).is_file():
         raise InputError(f"{what} not found: {str(path)!r}")
 
@@ -1079,18 +1082,39 @@ def atomic_outputs(*targets):
             raise InputError(f"output {str(t)!r} is a directory: give a file name")
     created = []
     temps = []
+
+    def clean():
+        for tmp in temps:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        _remove_dirs(created)
+
     try:
         for t in targets:
             created += _make_parents(t.parent)
             temps.append(_temp_beside(t))
         yield tuple(temps)
         _commit(temps, targets)
+    except OSError as err:
+        clean()
+        raise _write_error(err, temps, targets) from None
     except BaseException:
-        for tmp in temps:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        _remove_dirs(created)
+        clean()
         raise
+
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}  # a full disk, a quota, a size limit
+
+
+def _write_error(err: OSError, temps, targets) -> OSError:
+    """``err`` with the file it concerns named by its target, not its temporary name (or not at all)."""
+    named = [t for tmp, t in zip(temps, targets) if str(tmp) in f"{err.filename} {err}"]
+    if not named and err.errno not in _WRITE_ERRNOS:
+        return err  # not about writing the outputs (e.g. reading the input)
+    names = " and ".join(repr(str(t)) for t in (named or targets))
+    out = OSError(f"cannot write {names}: {err.strerror or one_line(err)}")
+    out.errno = err.errno
+    return out
 
 
 @contextlib.contextmanager

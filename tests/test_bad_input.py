@@ -9,8 +9,10 @@ created), and an existing output pair is left untouched.
 """
 
 import csv
+import errno
 import io as pyio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -144,9 +146,11 @@ PRIVATIZE_CASES = [
     ("inline fit: label outside the range", b"id,y\n1,0.5\n2,1.5\n", INLINE, 2,
      ["label 1.5 in column 'y' lies outside the public range [0.0, 1.0], at data row 2 (line 3)"]),
     ("inline fit: Latin-1 label", b"id,y\n1,0.5\xe9\n", INLINE, 2, ["not valid utf-8: byte 0xe9 in column 'y'"]),
+    ("input is a directory", None, None, 2, ["input file", "in.csv' is a directory: give a file"]),
 ]
 # the fast subset: a saved fit refusing a bad file, an option refused inline, an inline fit refusing a label
-PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fit: label outside the range")
+PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fit: label outside the range",
+                  "input is a directory")
 
 
 @pytest.mark.parametrize("case, content, options, code, fragments", slow_unless(
@@ -154,7 +158,7 @@ PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fi
 def test_privatize_refuses_bad_input_with_one_line_and_leaves_nothing(shared, tmp_path, capsys, case, content,
                                                                        options, code, fragments):
     src = tmp_path / "in.csv"
-    src.write_bytes(content)
+    src.mkdir() if content is None else src.write_bytes(content)  # None: a directory where the input should be
     options = options or []
     if "--mechanism" not in options:  # a saved fit unless the case fits inline
         options = ["--params", shared / "p.json", *options]
@@ -239,6 +243,27 @@ def test_a_failed_run_leaves_an_existing_output_pair_untouched(shared, tmp_path,
     assert listing(tmp_path) == ["in.csv", "o.csv", "o.csv.json"]
 
 
+@pytest.mark.parametrize("number", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_names_the_output_and_leaves_nothing(shared, tmp_path, capsys, monkeypatch, number):
+    from rpwjax import io
+
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"id,y\n1,0.5\n")
+    real = io.copy_with_labels
+
+    def full(source, path, *args, **kwargs):  # the disk fills up while the output is written
+        real(source, path, *args, **kwargs)
+        raise OSError(number, os.strerror(number))
+
+    monkeypatch.setattr(io, "copy_with_labels", full)
+    code, _, err = run(["privatize", src, "-o", tmp_path / "out" / "o.csv", "--label-column", "y", "--params",
+                        shared / "p.json", "--quiet"], capsys)
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"rpwjax privatize: error: cannot write '{tmp_path / 'out' / 'o.csv'}'" in err
+    assert os.strerror(number) in err and ".part" not in err
+    assert listing(tmp_path) == ["in.csv"]
+
+
 # --------------------------------------------------------------------------- Parquet input
 
 def _parquet(path, y, **extra):
@@ -301,6 +326,7 @@ FIT_CASES = [
      ["--prior-epsilon 0.1 does nothing under --prior empirical"]),
     ("--objective for staircase", "l.txt", b"0.5\n", ["--mechanism", "staircase", "--objective", "inside"],
      ["--objective inside does nothing for --mechanism staircase"]),
+    ("labels file is a directory", "t.csv", None, ["--label-column", "y"], ["labels file", "t.csv' is a directory"]),
     # parameters that privatize would refuse are not saved (ways a certified float64 release runs out at a large ε)
     ("--save of laplace at epsilon 50", "l.txt", b"0.5\n", ["--mechanism", "laplace", "--epsilon", "50"],
      ["--save: these parameters cannot be released: ", "laplace: epsilon=50 is too large for a certified float64"]),
@@ -314,7 +340,7 @@ FIT_CASES = [
 
 @pytest.mark.parametrize("case, name, content, options, fragments", FIT_CASES, ids=[c[0] for c in FIT_CASES])
 def test_fit_bad_input(tmp_path, capsys, case, name, content, options, fragments):
-    (tmp_path / name).write_bytes(content)
+    (tmp_path / name).mkdir() if content is None else (tmp_path / name).write_bytes(content)
     mechanism = [] if "--mechanism" in options else ["--mechanism", "rpwithprior"]
     code, _, err = run(["fit", "--labels", tmp_path / name, "--range", "0", "1", *mechanism, "--epsilon", "1",
                         "--save", tmp_path / "out" / "p.json", *options], capsys)

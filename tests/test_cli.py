@@ -255,6 +255,18 @@ def test_params_file_must_be_a_fit_record(tmp_path, capsys, files):
     assert code != 0 and "not an rpwjax fit record" in err
 
 
+@pytest.mark.parametrize("command", ["fit", "privatize-table"])
+def test_range_is_required_in_the_help_and_on_the_command_line(files, tmp_path, capsys, command):
+    d, _ = files
+    code, out, _ = run([command, "--help"], capsys)
+    usage = " ".join(out.split("options:")[0].split())
+    assert code == 0 and " --range LO HI " in usage and "[--range" not in usage, usage
+    argv = ["fit", "--labels", d / "labels.txt", "--mechanism", "laplace", "--epsilon", "1"] if command == "fit" else \
+        ["privatize-table", d / "t.csv", "-o", tmp_path / "o.csv", "--label-column", "value", "--epsilon", "1"]
+    code, _, err = run(argv, capsys)
+    assert code == 2 and err.count("\n") == 1 and "required: --range" in err and "public input" in err, err
+
+
 @pytest.mark.slow
 def test_console_script_runs(files):
     d, _ = files

@@ -11,6 +11,7 @@
 * the sidecar's ``output_range``/``output_grid`` describe every released value.
 """
 
+import errno
 import json
 import os
 import pickle
@@ -154,6 +155,23 @@ def test_keygen_writes_64_hex_characters_mode_0600_and_never_overwrites(tmp_path
     assert path.read_text() == text  # untouched
     other = keygen(tmp_path / "k2", capsys)
     assert key_hex(other) != text.strip()  # fresh entropy every time
+
+
+@pytest.mark.parametrize("number", [errno.EROFS, errno.EACCES])
+def test_keygen_that_cannot_write_names_the_file_and_the_reason(tmp_path, capsys, monkeypatch, number):
+    path = tmp_path / "k"
+    real = os.open
+
+    def refused(name, *args, **kwargs):  # a read-only file system, a directory we may not write
+        if str(name) == str(path):
+            raise OSError(number, os.strerror(number), str(name))
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refused)
+    code, out, err = run(["keygen", "-o", path], capsys)
+    assert code == 1 and out == "", err
+    assert err == f"rpwjax keygen: error: cannot write the key file {str(path)!r}: {os.strerror(number)}\n"
+    assert not path.exists()
 
 
 # --------------------------------------------------------------------------- reproducibility
