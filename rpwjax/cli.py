@@ -179,6 +179,10 @@ def cmd_fit(args) -> int:
     from rpwjax.errors import InputError, check_range
 
     _check_fit_options(args, spend_prior=False)
+    if args.save:  # before the labels are read
+        io.check_outputs([args.save], overwrite=args.overwrite, inputs=[args.labels, args.key_file])
+    elif args.overwrite:
+        raise InputError("--overwrite does nothing without --save (fit writes no other file)")
     lo, hi = check_range(*args.range)
     labels = io.read_labels(args.labels, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
     secret = _secret(args)
@@ -252,6 +256,9 @@ def cmd_privatize(args) -> int:
     check_row_offset(args.row_offset)
     io.file_kind(args.input, what="input file")
     io.file_kind(args.output, what="output file")
+    # the output and its sidecar, before anything is read or fitted
+    io.check_outputs([args.output, str(args.output) + ".json"], overwrite=args.overwrite,
+                     inputs=[args.input, args.params, args.key_file])
     secret = _secret(args)
     prior = None
     if args.params:
@@ -314,6 +321,17 @@ def cmd_privatize(args) -> int:
     return 0
 
 
+def _check_sweep_outputs(out_dir, overwrite):
+    """A sweep writes DIR/results.csv and DIR/*_curves.png: refused over an earlier sweep's unless --overwrite."""
+    from rpwjax import io
+    from rpwjax.errors import InputError
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {str(out)!r} is a file: give a directory")
+    io.check_outputs([out / "results.csv", *sorted(out.glob("*_curves.png"))], overwrite=overwrite)
+
+
 def _sweep(split, config, out_dir, quiet) -> int:
     from pathlib import Path
 
@@ -339,6 +357,7 @@ def cmd_curves(args) -> int:
 
     if (args.dataset is None) == (args.data is None):
         raise InputError("give exactly one of --dataset NAME or --data FILE")
+    _check_sweep_outputs(args.out, args.overwrite)
     if args.validation_seed is not None:  # checked before any data is read
         if not args.validation:
             raise InputError("--validation-seed does nothing without --validation")
@@ -378,8 +397,11 @@ def _pipeline_names() -> list[str]:
 
 
 def cmd_privatize_table(args) -> int:
+    from rpwjax import io
     from rpwjax.pipelines.table import privatize_table
 
+    io.check_outputs([args.output, str(args.output) + ".json"], overwrite=args.overwrite,
+                     inputs=[args.input, args.key_file])
     sidecar = privatize_table(args.input, args.output, label_column=args.label_column, lo=args.range[0],
                               hi=args.range[1], epsilon=args.epsilon, pipeline=args.pipeline, secret=_secret(args),
                               clip=args.clip, encoding=args.encoding, epochs=args.epochs)
@@ -390,12 +412,18 @@ def cmd_privatize_table(args) -> int:
 
 def cmd_bench(args) -> int:
     """Run the benchmarks; exit code 1 if any case failed (its error is in results.json)."""
-    from rpwjax.bench.plans import PLANS
+    from rpwjax import io
+    from rpwjax.bench.plans import FAMILIES, PLANS
     from rpwjax.bench.report import run_plan, summary
     from rpwjax.errors import InputError
 
     if args.repeats is not None and args.repeats < 1:
         raise InputError(f"--repeats must be a positive integer, got --repeats={args.repeats}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {str(out)!r} is a file: give a directory")
+    plots = [] if args.no_plots else [out / f"{family}.png" for family in (args.only or FAMILIES)]
+    io.check_outputs([out / "results.json", *plots], overwrite=args.overwrite)
     plan = PLANS[args.plan or ("quick" if args.quick else "full")]
     results = run_plan(plan, args.out, cache_dir=args.cache, families=args.only, repeats=args.repeats,
                        plots=not args.no_plots, progress=not args.quiet)
@@ -462,6 +490,7 @@ def cmd_demo(args) -> int:
     from rpwjax.experiments.datasets import load_dataset, train_test_split
     from rpwjax.experiments.sweeps import SweepConfig
 
+    _check_sweep_outputs(args.out, args.overwrite)
     config = SweepConfig(epsilons=(0.1, 0.5, 1.0, 2.0, 8.0), seeds=3, epochs=20)
     print("rpwjax demo: all six mechanisms on bundled California Housing, eps in {0.1, 0.5, 1, 2, 8}, "
           "3 seeds, 20 epochs, private histogram prior (eps1 = 0.1 eps, 32 bins)")
@@ -485,6 +514,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_secret_options(p, "private histogram's noise")
     p.add_argument("--save", default=None, help="write the fit (exactly one epsilon) to this JSON file")
     p.add_argument("--json", action="store_true", help="print JSON Lines, one object per epsilon")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --save file (never a key file)")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("keygen", help="write a fresh 256-bit secret (64 hex characters) for --key-file")
@@ -511,6 +542,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="global index of the first row, when INPUT is one shard of a larger data set (default 0); "
                         "offset + rows must not pass 2^63")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing OUTPUT and OUTPUT.json (never a key file)")
     _add_fit_options(p, many_epsilons=False, required=False)
     p.set_defaults(func=cmd_privatize)
 
@@ -528,6 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=None,
                    help="epochs of the two-stage pipelines' stage models (default 50)")
     p.add_argument("--clip", action="store_true", help="clip labels outside --range instead of refusing them")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing OUTPUT and OUTPUT.json (never a key file)")
     p.set_defaults(func=cmd_privatize_table)
 
     from rpwjax.api import MECHANISMS, PRIORS
@@ -564,6 +599,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --validation: which quarter is held out (the seed of the re-split; default 777). "
                         "Several seeds give several validation folds")
     p.add_argument("--out", required=True, help="output directory (results.csv and plots)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results.csv and plots of an earlier sweep in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_curves)
 
@@ -579,6 +616,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"run only these families: {', '.join(FAMILIES)}")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per case (default: by plan)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results.json and plots of an earlier run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--plan", choices=tuple(PLANS), default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_bench)
@@ -610,6 +649,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="a reduced sweep on bundled California Housing: table and plot (a few minutes)")
     p.add_argument("--out", default="rpwjax-demo", help="output directory (default rpwjax-demo)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results.csv and plots of an earlier demo in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_demo)
     return parser

@@ -994,6 +994,56 @@ def copy_with_labels(source: TableSource, path, out_kind: str, new_labels, *, ch
 
 # --------------------------------------------------------------------------- atomic outputs
 
+_KEY_FILE_BYTES = 64  # a key file (``rpwjax keygen``): exactly 64 hex characters and an optional line end
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def is_key_file(path) -> bool:
+    """Whether ``path`` is a file holding exactly 64 hex characters (and an optional newline): a secret."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        head = f.read(_KEY_FILE_BYTES + 3)
+    for end in (b"\r\n", b"\n", b""):
+        if head.endswith(end) and len(head) == _KEY_FILE_BYTES + len(end):
+            return all(c in _HEX for c in head[:_KEY_FILE_BYTES])
+    return False
+
+
+def _refuse_key_file(path: Path):
+    """Nothing replaces a key file, with or without ``--overwrite``."""
+    try:
+        key = is_key_file(path)
+    except OSError as err:  # it cannot be read, so it cannot be told apart from a key file
+        raise InputError(f"output {str(path)!r} exists and cannot be read ({err.strerror or err}): refusing to "
+                         "replace it") from None
+    if key:
+        raise InputError(f"refusing to overwrite {str(path)!r}: it is a key file (64 hex characters, as `rpwjax "
+                         "keygen` writes), and a secret is never replaced, with or without --overwrite")
+
+
+def check_outputs(outputs, *, overwrite: bool = False, inputs=()):
+    """Refuse, before any work starts, outputs that would replace something.
+
+    An output that is one of ``inputs``, a directory or a key file is always
+    refused; an existing file unless ``overwrite`` (``--overwrite``). The
+    message names the file.
+    """
+    sources = [Path(i) for i in inputs if i is not None]
+    for out in map(Path, outputs):
+        if out.is_dir():
+            raise InputError(f"output {str(out)!r} is a directory: give a file name")
+        exists = out.exists() or out.is_symlink()
+        if exists:
+            _refuse_key_file(out)
+        for src in sources:
+            if out.resolve() == src.resolve() or (out.is_file() and src.is_file() and out.samefile(src)):
+                raise InputError(f"output must differ from input (it would overwrite it), got {str(out)!r} for both")
+        if exists:
+            if not overwrite:
+                raise InputError(f"output {str(out)!r} already exists: give --overwrite to replace it")
+
 
 def _temp_beside(target: Path) -> Path:
     try:
@@ -1050,6 +1100,7 @@ def _commit(temps, targets):
         try:
             for tmp, target in zip(temps, targets):
                 if target.exists():
+                    _refuse_key_file(target)  # checked again here: it may have become one since the run started
                     backup = _temp_beside(target)
                     os.replace(target, backup)
                     backups.append((backup, target))
@@ -1072,6 +1123,8 @@ def _commit(temps, targets):
 def atomic_outputs(*targets):
     """Temporary paths beside ``targets``, renamed onto them together only on success.
 
+    An existing target is replaced, unless it is a key file (:func:`is_key_file`: never); the command
+    line refuses existing outputs before any work unless ``--overwrite`` (:func:`check_outputs`).
     On any failure (an exception, ``KeyboardInterrupt``, the CLI's ``SIGTERM``)
     the temporary files and the directories created for them are removed and
     existing targets are left as they were.
@@ -1080,6 +1133,8 @@ def atomic_outputs(*targets):
     for t in targets:
         if t.is_dir():
             raise InputError(f"output {str(t)!r} is a directory: give a file name")
+        if t.exists():
+            _refuse_key_file(t)
     created = []
     temps = []
 

@@ -230,14 +230,14 @@ def test_a_failed_run_leaves_an_existing_output_pair_untouched(shared, tmp_path,
     out.write_text("old output\n")
     (tmp_path / "o.csv.json").write_text('{"old": true}\n')
     code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json",
-                        "--chunk-rows", "100", "--quiet"], capsys)
+                        "--chunk-rows", "100", "--quiet", "--overwrite"], capsys)
     assert code == 2 and err.count("\n") == 1 and "label 2.5" in err and "data row 5001 (line 5002)" in err
     assert out.read_text() == "old output\n" and (tmp_path / "o.csv.json").read_text() == '{"old": true}\n'
     assert listing(tmp_path) == ["in.csv", "o.csv", "o.csv.json"]
     # a successful run replaces both
     src.write_text("id,y\n" + rows)
-    code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json", "--quiet"],
-                       capsys)
+    code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json", "--quiet",
+                        "--overwrite"], capsys)
     assert code == 0, err
     assert json.loads((tmp_path / "o.csv.json").read_text())["rows"] == 5000
     assert listing(tmp_path) == ["in.csv", "o.csv", "o.csv.json"]
@@ -262,6 +262,90 @@ def test_a_full_disk_names_the_output_and_leaves_nothing(shared, tmp_path, capsy
     assert f"rpwjax privatize: error: cannot write '{tmp_path / 'out' / 'o.csv'}'" in err
     assert os.strerror(number) in err and ".part" not in err
     assert listing(tmp_path) == ["in.csv"]
+
+
+# --------------------------------------------------------------------------- outputs that exist
+
+KEY_TEXT = bytes(range(7, 39)).hex().encode() + b"\n"  # what `rpwjax keygen` writes
+SAVED = ["--label-column", "y", "--params", "{s}/p.json", "--quiet"]
+TABLE = ["--label-column", "y", "--range", "0", "1", "--epsilon", "1"]
+FIT = ["--labels", "{t}/in.csv", "--label-column", "y", "--range", "0", "1", "--mechanism", "laplace", "--epsilon", "1"]
+# (case, command line ({t}: the test's folder, {s}: the saved fit's), files there before, fragments of the message).
+# The input's second label lies outside the range: had any work started, the message would be about that label.
+EXISTING_CASES = [
+    ("privatize over an unrelated file", ["privatize", "{t}/in.csv", "-o", "{t}/important.csv", *SAVED],
+     {"important.csv": b"keep me\n"}, ["output '{t}/important.csv' already exists: give --overwrite to replace it"]),
+    ("privatize over a key file, with --overwrite", ["privatize", "{t}/in.csv", "-o", "{t}/secret.csv", *SAVED,
+                                                      "--overwrite"],
+     {"secret.csv": KEY_TEXT}, ["refusing to overwrite '{t}/secret.csv': it is a key file", "with or without"]),
+    ("privatize sidecar over an unrelated file", ["privatize", "{t}/in.csv", "-o", "{t}/o.csv", *SAVED],
+     {"o.csv.json": b'{"mine": true}\n'}, ["output '{t}/o.csv.json' already exists"]),
+    ("privatize sidecar over a key file, with --overwrite", ["privatize", "{t}/in.csv", "-o", "{t}/o.csv", *SAVED,
+                                                              "--overwrite"],
+     {"o.csv.json": KEY_TEXT}, ["refusing to overwrite '{t}/o.csv.json': it is a key file"]),
+    ("privatize sidecar over its own params file, with --overwrite",
+     ["privatize", "{t}/in.csv", "-o", "{t}/o.csv", "--label-column", "y", "--params", "{t}/o.csv.json", "--overwrite"],
+     {"o.csv.json": None}, ["output must differ from input", "'{t}/o.csv.json'"]),
+    ("inline privatize over an unrelated file", ["privatize", "{t}/in.csv", "-o", "{t}/o.csv", "--label-column", "y",
+                                                 *INLINE], {"o.csv": b"old\n"}, ["output '{t}/o.csv' already exists"]),
+    ("fit --save over a key file, with --overwrite", ["fit", *FIT, "--save", "{t}/secret.key", "--overwrite"],
+     {"secret.key": KEY_TEXT}, ["refusing to overwrite '{t}/secret.key': it is a key file"]),
+    ("fit --save over a key file with CRLF", ["fit", *FIT, "--save", "{t}/secret.key", "--overwrite"],
+     {"secret.key": KEY_TEXT[:-1] + b"\r\n"}, ["'{t}/secret.key': it is a key file"]),
+    ("fit --save over a file", ["fit", *FIT, "--save", "{t}/p.json"], {"p.json": b"{}\n"},
+     ["output '{t}/p.json' already exists: give --overwrite"]),
+    ("privatize-table over a file", ["privatize-table", "{t}/in.csv", "-o", "{t}/o.csv", *TABLE],
+     {"o.csv": b"old\n"}, ["output '{t}/o.csv' already exists"]),
+    ("privatize-table sidecar over a key file, with --overwrite",
+     ["privatize-table", "{t}/in.csv", "-o", "{t}/o.csv", *TABLE, "--overwrite"], {"o.csv.json": KEY_TEXT},
+     ["'{t}/o.csv.json': it is a key file"]),
+    ("curves over an earlier sweep", ["curves", "--data", "{t}/in.csv", "--label-column", "y", "--range", "0", "1",
+                                      "--out", "{t}/sweep"], {"sweep/results.csv": b"old\n"},
+     ["output '{t}/sweep/results.csv' already exists"]),
+    ("curves over an earlier sweep's plot", ["curves", "--data", "{t}/in.csv", "--label-column", "y", "--range", "0",
+                                             "1", "--out", "{t}/sweep"], {"sweep/in_curves.png": b"png"},
+     ["output '{t}/sweep/in_curves.png' already exists"]),
+    ("bench over an earlier run", ["bench", "--quick", "--out", "{t}/bench", "--cache", "{t}/cache"],
+     {"bench/results.json": b"{}\n"}, ["output '{t}/bench/results.json' already exists"]),
+]
+
+
+@pytest.mark.parametrize("case, argv, existing, fragments", EXISTING_CASES, ids=[c[0] for c in EXISTING_CASES])
+def test_nothing_is_overwritten_unless_asked_and_a_key_file_never(shared, tmp_path, capsys, case, argv, existing,
+                                                                   fragments):
+    (tmp_path / "in.csv").write_bytes(b"id,y\n1,0.5\n2,7\n")
+    for name, content in existing.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes((shared / "p.json").read_bytes() if content is None else content)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    command = argv[0]
+    code, _, err = run([a.format(t=tmp_path, s=shared) for a in argv], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"rpwjax {command}: error: "), err
+    for fragment in fragments:
+        assert fragment.format(t=tmp_path) in err, (fragment, err)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # untouched, nothing new
+
+
+def test_the_library_never_replaces_a_key_file_either(tmp_path):
+    from rpwjax import InputError, io
+
+    key = tmp_path / "k.json"
+    key.write_bytes(KEY_TEXT)
+    with pytest.raises(InputError, match="it is a key file"):
+        io.write_json(key, {"params": 1})
+    assert key.read_bytes() == KEY_TEXT and listing(tmp_path) == ["k.json"]
+
+
+def test_overwrite_replaces_an_existing_output_pair(shared, tmp_path, capsys):
+    (tmp_path / "in.csv").write_bytes(b"id,y\n1,0.5\n2,0.25\n")
+    (tmp_path / "o.csv").write_text("old output\n")
+    (tmp_path / "o.csv.json").write_text('{"old": true}\n')
+    code, _, err = run(["privatize", tmp_path / "in.csv", "-o", tmp_path / "o.csv", "--label-column", "y",
+                        "--params", shared / "p.json", "--quiet", "--overwrite"], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "o.csv.json").read_text())["rows"] == 2
+    assert (tmp_path / "o.csv").read_text().startswith("id,y\n")
+    assert listing(tmp_path) == ["in.csv", "o.csv", "o.csv.json"]
 
 
 # --------------------------------------------------------------------------- Parquet input
