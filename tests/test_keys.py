@@ -409,6 +409,8 @@ def test_every_command_that_takes_a_seed_warns_once(data, tmp_path, capsys):
         assert lines[0] == f"rpwjax {argv[0]}: {warning} (--seed 3 is for experiments; a release takes --key-file " \
                            "or fresh OS entropy)", err
         assert sum(warning in line for line in lines) == 1 and len(lines) == 1 + (code != 0), err
+        for written in tmp_path.iterdir():
+            written.unlink()
         got, out, err = run(argv, capsys)  # without a seed: no warning
         assert got == code and warning not in err, err
 
