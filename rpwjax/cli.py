@@ -2,9 +2,10 @@
 
 Errors print one line on stderr naming the problem and the value: exit 2 for
 bad input (including a bad command line), 1 for I/O errors. ``SIGINT`` and
-``SIGTERM`` stop a run with one line and exit 130 and 143. Nothing
-half-written is left behind (:func:`rpwjax.io.atomic_outputs`). Warnings are
-printed as one line each.
+``SIGTERM`` stop a run at any moment with one line and exit 130 and 143
+(:mod:`rpwjax.interrupts`, installed before anything heavy is imported).
+Nothing half-written is left behind (:func:`rpwjax.io.atomic_outputs`).
+Warnings are printed as one line each.
 """
 
 from __future__ import annotations
@@ -15,26 +16,17 @@ import os
 import re
 import signal
 import sys
-import threading
 import warnings
 from pathlib import Path
 
-from rpwjax import __version__
+from rpwjax import __version__, interrupts
 
 DEFAULT_BINS_CLI = 32
 MAX_BINS = 1024  # --bins lies in [1, MAX_BINS]: RR-on-Bins' fit grows with the square of the bins
 
 EXIT_INPUT = 2
 EXIT_IO = 1
-EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM: unwinds like KeyboardInterrupt, so every atomic output removes its temporary files."""
-
-    def __init__(self, signum):
-        super().__init__(signum)
-        self.signum = signum
+EXIT_SIGNAL = interrupts.EXIT_CODES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -240,10 +232,13 @@ def cmd_keygen(args) -> int:
     from rpwjax.keys import write_key_file
 
     try:
-        path = write_key_file(args.output)
+        with interrupts.held():  # a signal never leaves half a key: it waits, then removes the whole one
+            path = write_key_file(args.output)
+            interrupts.register(path)
     except OSError as err:  # a read-only file system, a directory we may not write: name the file and the reason
         raise OSError(f"cannot write the key file {str(args.output)!r}: {err.strerror or err}") from None
     print(f"wrote a 256-bit secret to {path} (keep it secret: with it anyone can undo the noise)")
+    interrupts.unregister(path)
     return 0
 
 
@@ -665,20 +660,17 @@ def _show_warning(command):
     return show
 
 
-def _install_signal_handlers():
-    """SIGINT and SIGTERM raise :class:`Interrupted` once; later ones are ignored while the run cleans up."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):
-        for s in EXIT_SIGNAL:
-            signal.signal(s, signal.SIG_IGN)
-        raise Interrupted(signum)
-
-    return {s: signal.signal(s, handler) for s in EXIT_SIGNAL}
-
-
 def main(argv=None) -> int:
+    # first of all (the parser imports JAX): from here on SIGINT and SIGTERM end the run with one line
+    words = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    uninstall = interrupts.install("rpwjax" + (f" {words[0]}" if words and not words[0].startswith("-") else ""))
+    try:
+        return _main(argv)
+    finally:
+        uninstall()
+
+
+def _main(argv) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -689,16 +681,12 @@ def main(argv=None) -> int:
     from rpwjax.errors import InputError, one_line
 
     command = args.command
-    previous = _install_signal_handlers()
+    interrupts.set_label(f"rpwjax {command}")
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning(command)
             return args.func(args)
-    except Interrupted as exc:
-        name = signal.Signals(exc.signum).name
-        print(f"rpwjax {command}: interrupted by {name}; unfinished outputs were removed", file=sys.stderr)
-        return EXIT_SIGNAL[exc.signum]
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # where the handlers are not installed (a thread other than the main one)
         print(f"rpwjax {command}: interrupted by SIGINT; unfinished outputs were removed", file=sys.stderr)
         return EXIT_SIGNAL[signal.SIGINT]
     except InputError as err:
@@ -717,9 +705,7 @@ def main(argv=None) -> int:
               "traceback)", file=sys.stderr)
         return 1
     finally:
-        if previous is not None:
-            for s, h in previous.items():
-                signal.signal(s, h)
+        interrupts.set_label("rpwjax")
 
 
 if __name__ == "__main__":

@@ -45,10 +45,8 @@ import gzip
 import io as pyio
 import json
 import os
-import signal
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +55,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from rpwjax import interrupts
 from rpwjax.errors import InputError, one_line, show_value
 
 TABLE_SUFFIXES = (".csv", ".parquet")
@@ -1081,21 +1080,8 @@ def _remove_dirs(created):
             d.rmdir()
 
 
-@contextlib.contextmanager
-def _signals_held():
-    """Hold SIGINT and SIGTERM while outputs are renamed into place (they arrive right after)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def _commit(temps, targets):
-    with _signals_held():
+    with interrupts.held():  # a signal waits until every output is in place, or none is
         backups, done = [], []
         try:
             for tmp, target in zip(temps, targets):
@@ -1125,9 +1111,10 @@ def atomic_outputs(*targets):
 
     An existing target is replaced, unless it is a key file (:func:`is_key_file`: never); the command
     line refuses existing outputs before any work unless ``--overwrite`` (:func:`check_outputs`).
-    On any failure (an exception, ``KeyboardInterrupt``, the CLI's ``SIGTERM``)
-    the temporary files and the directories created for them are removed and
-    existing targets are left as they were.
+    On any failure (an exception, ``KeyboardInterrupt``) the temporary files
+    and the directories created for them are removed and existing targets are
+    left as they were; both are registered with :mod:`rpwjax.interrupts`, so
+    that the command line's SIGINT or SIGTERM removes them too.
     """
     targets = [Path(t) for t in targets]
     for t in targets:
@@ -1139,17 +1126,25 @@ def atomic_outputs(*targets):
     temps = []
 
     def clean():
-        for tmp in temps:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        _remove_dirs(created)
+        with interrupts.held():
+            for tmp in temps:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            _remove_dirs(created)
+            interrupts.unregister(*temps, directories=created)
 
     try:
         for t in targets:
-            created += _make_parents(t.parent)
-            temps.append(_temp_beside(t))
+            with interrupts.held():  # no signal between creating a file and registering it
+                made = _make_parents(t.parent)
+                created += made
+                interrupts.register(directories=made)
+                temps.append(_temp_beside(t))
+                interrupts.register(temps[-1])
         yield tuple(temps)
-        _commit(temps, targets)
+        with interrupts.held():
+            _commit(temps, targets)
+            interrupts.unregister(*temps, directories=created)
     except OSError as err:
         clean()
         raise _write_error(err, temps, targets) from None

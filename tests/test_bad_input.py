@@ -8,6 +8,7 @@ nothing new behind (no output, no sidecar, no temporary file, no directory it
 created), and an existing output pair is left untouched.
 """
 
+import contextlib
 import csv
 import errno
 import io as pyio
@@ -666,6 +667,76 @@ def test_parquet_keeps_the_schema_and_values_of_every_other_column(shared, tmp_p
 
 
 # --------------------------------------------------------------------------- SIGINT and SIGTERM
+
+
+def start(argv, cwd):
+    return subprocess.Popen([sys.executable, "-m", "rpwjax.cli", *map(str, argv)], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def assert_stopped(proc, sig, command):
+    """Send ``sig``: the run ends with its exit code (a segmentation fault would be -11) and one line."""
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err
+    assert err == f"{command}: interrupted by {signal.Signals(sig).name}; unfinished outputs were removed\n", err
+
+
+@pytest.mark.parametrize("sig, seconds", slow_unless(
+    [(signal.SIGINT, 0.3), (signal.SIGTERM, 0.3), (signal.SIGINT, 0.8)], fast=[(signal.SIGINT, 0.3)]))
+def test_a_signal_in_the_first_second_stops_the_run(shared, tmp_path, sig, seconds):
+    # while the command line imports JAX: once swallowed by JAX's garbage-collector callback (exit 0, a release)
+    (tmp_path / "in.csv").write_text("id,y\n" + "".join(f"{i},{(i % 10) / 10}\n" for i in range(100)))
+    proc = start(["privatize", "in.csv", "-o", "out/o.csv", "--label-column", "y", *INLINE, "--quiet"], tmp_path)
+    time.sleep(seconds)
+    assert_stopped(proc, sig, "rpwjax privatize")
+    assert listing(tmp_path) == ["in.csv"]
+
+
+@pytest.fixture(scope="module")
+def million(tmp_path_factory):
+    """A CSV of 1.5 million labels: an inline fit's read pass takes a while."""
+    path = tmp_path_factory.mktemp("million") / "big.csv"
+    y = np.random.default_rng(0).integers(0, 1000, 1_500_000) / 1000
+    path.write_text("id,y\n" + "".join(f"{i},{v}\n" for i, v in enumerate(y)))
+    return path
+
+
+def _open_by(pid: int, path) -> bool:
+    with contextlib.suppress(OSError):
+        return any(os.path.realpath(f"/proc/{pid}/fd/{fd}") == str(path) for fd in os.listdir(f"/proc/{pid}/fd"))
+    return False
+
+
+def _wait(proc, condition, seconds=300):
+    start_time = time.monotonic()
+    while proc.poll() is None and not condition() and time.monotonic() - start_time < seconds:
+        time.sleep(0.01)
+
+
+# (moment, signal, seconds after the moment begins); the fit's read pass ends when the input is closed again
+INLINE_FIT_MOMENTS = [("read pass", signal.SIGINT, 0.2), ("read pass", signal.SIGTERM, 0.2),
+                      ("fit", signal.SIGINT, 0.5), ("fit", signal.SIGTERM, 0.5), ("fit", signal.SIGINT, 2.0),
+                      ("fit", signal.SIGTERM, 1.0)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the read pass through /proc")
+@pytest.mark.parametrize("moment, sig, seconds", slow_unless(
+    INLINE_FIT_MOMENTS, fast=[INLINE_FIT_MOMENTS[0], INLINE_FIT_MOMENTS[2]]))
+def test_a_signal_during_an_inline_fit_stops_the_run(million, tmp_path, moment, sig, seconds):
+    # once, in the fit (XLA compiling and running): "unfinished outputs were removed", then a segmentation fault
+    # (exit 139) as the interpreter shut down around XLA's threads
+    proc = start(["privatize", million, "-o", "out/o.csv", "--label-column", "y", *INLINE, "--quiet"], tmp_path)
+    reading = lambda: _open_by(proc.pid, million.resolve())  # noqa: E731
+    _wait(proc, reading)
+    if moment == "fit":
+        _wait(proc, lambda: not reading())
+    assert not (tmp_path / "out").exists()  # the release has not begun
+    time.sleep(seconds)
+    assert_stopped(proc, sig, "rpwjax privatize")
+    assert listing(tmp_path) == []
+
 
 
 @pytest.mark.slow
