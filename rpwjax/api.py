@@ -171,6 +171,8 @@ def fit(
         check_choice(prior, "prior", PRIORS)
         if labels is None:
             raise InputError("labels are required unless a Prior object is given")
+        if np.ndim(labels) != 1:  # a table or a batch is not flattened into one list of labels
+            raise InputError(f"labels must be one-dimensional (one label per row), got shape {np.shape(labels)}")
         if not uses_prior and not spend_prior:
             # the prior would only serve reporting; spending budget on it would be waste
             prior_obj = empirical_prior(labels, lo, hi, clip=clip) if prior == "empirical" else None

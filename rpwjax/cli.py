@@ -2,9 +2,10 @@
 
 Errors print one line on stderr naming the problem and the value: exit 2 for
 bad input (including a bad command line), 1 for I/O errors. ``SIGINT`` and
-``SIGTERM`` stop a run with one line and exit 130 and 143. Nothing
-half-written is left behind (:func:`rpwjax.io.atomic_outputs`). Warnings are
-printed as one line each.
+``SIGTERM`` stop a run at any moment with one line and exit 130 and 143
+(:mod:`rpwjax.interrupts`, installed before anything heavy is imported).
+Nothing half-written is left behind (:func:`rpwjax.io.atomic_outputs`).
+Warnings are printed as one line each.
 """
 
 from __future__ import annotations
@@ -15,26 +16,17 @@ import os
 import re
 import signal
 import sys
-import threading
 import warnings
 from pathlib import Path
 
-from rpwjax import __version__
+from rpwjax import __version__, interrupts
 
 DEFAULT_BINS_CLI = 32
 MAX_BINS = 1024  # --bins lies in [1, MAX_BINS]: RR-on-Bins' fit grows with the square of the bins
 
 EXIT_INPUT = 2
 EXIT_IO = 1
-EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
-
-
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM: unwinds like KeyboardInterrupt, so every atomic output removes its temporary files."""
-
-    def __init__(self, signum):
-        super().__init__(signum)
-        self.signum = signum
+EXIT_SIGNAL = interrupts.EXIT_CODES
 
 
 class _Parser(argparse.ArgumentParser):
@@ -47,6 +39,8 @@ class _Parser(argparse.ArgumentParser):
         self._negative_number_matcher = self.NEGATIVE_NUMBER
 
     def error(self, message):  # one line, exit 2, like every other bad input
+        if message.startswith("the following arguments are required") and "--range" in message:
+            message += " (the label range is public input, never read from the labels)"
         self.exit(EXIT_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -156,7 +150,11 @@ def _add_encoding_option(p: argparse.ArgumentParser):
 def _secret(args):
     from rpwjax.keys import resolve_secret
 
-    return resolve_secret(args.key_file, args.seed)
+    secret = resolve_secret(args.key_file, args.seed)
+    if args.seed is not None:  # never unnoticed: the sidecar says so too
+        print(f"rpwjax {args.command}: warning: reproducible seed: not for production (--seed {args.seed} is for "
+              "experiments; a release takes --key-file or fresh OS entropy)", file=sys.stderr)
+    return secret
 
 
 def _release_run(args, command: str, input_path, label_column, settings: dict, row_offset: int = 0):
@@ -202,10 +200,14 @@ def cmd_fit(args) -> int:
     from rpwjax import io
     from rpwjax.api import records_total
     from rpwjax.errors import InputError, check_range
+    from rpwjax.ledger import ledger_path
 
-    if args.range is None:
-        raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
     _check_fit_options(args, spend_prior=False)
+    if args.save:  # before the labels are read
+        io.check_outputs([args.save], overwrite=args.overwrite,
+                         inputs=[args.labels, args.key_file, ledger_path(args.ledger, args.key_file)])
+    elif args.overwrite:
+        raise InputError("--overwrite does nothing without --save (fit writes no other file)")
     lo, hi = check_range(*args.range)
     run = _release_run(args, "fit", args.labels, args.label_column, _fit_settings(args))
     labels = io.read_labels(args.labels, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
@@ -232,8 +234,9 @@ def cmd_fit(args) -> int:
     run.finish(labels.size)
     if args.save:
         io.write_json(args.save, records[0])
-    if args.json:
-        print(json.dumps(records, indent=2))
+    if args.json:  # JSON Lines, as every --json: one object per epsilon
+        for r in records:
+            print(json.dumps(r))
         if len(records) > 1:
             print(f"rpwjax fit: {records[0]['all_records']['note']}", file=sys.stderr)
     else:
@@ -267,21 +270,30 @@ def _seed_fields(secret) -> dict:
 def cmd_keygen(args) -> int:
     from rpwjax.keys import write_key_file
 
-    path = write_key_file(args.output)
+    try:
+        with interrupts.held():  # a signal never leaves half a key: it waits, then removes the whole one
+            path = write_key_file(args.output)
+            interrupts.register(path)
+    except OSError as err:  # a read-only file system, a directory we may not write: name the file and the reason
+        raise OSError(f"cannot write the key file {str(args.output)!r}: {err.strerror or err}") from None
     print(f"wrote a 256-bit secret to {path} (keep it secret: with it anyone can undo the noise)")
+    interrupts.unregister(path)
     return 0
 
 
 def cmd_privatize(args) -> int:
     from rpwjax import io
     from rpwjax.errors import InputError, check_range
-    from rpwjax.ledger import file_sha256
+    from rpwjax.ledger import file_sha256, ledger_path
     from rpwjax.privatize import check_chunk_rows, check_row_offset, load_release_params, privatize_file
 
     check_chunk_rows(args.chunk_rows)
     check_row_offset(args.row_offset)
     io.file_kind(args.input, what="input file")
     io.file_kind(args.output, what="output file")
+    # the output and its sidecar, before anything is read or fitted (the ledger too: it is appended, never replaced)
+    io.check_outputs([args.output, str(args.output) + ".json"], overwrite=args.overwrite,
+                     inputs=[args.input, args.params, args.key_file, ledger_path(args.ledger, args.key_file)])
     settings = dict(_fit_settings(args), denoise=args.denoise,
                     params=None if not args.params else file_sha256(args.params, "params file"))
     run = _release_run(args, "privatize", args.input, args.label_column, settings, row_offset=args.row_offset)
@@ -354,6 +366,17 @@ def cmd_privatize(args) -> int:
     return 0
 
 
+def _check_sweep_outputs(out_dir, overwrite):
+    """A sweep writes DIR/results.csv and DIR/*_curves.png: refused over an earlier sweep's unless --overwrite."""
+    from rpwjax import io
+    from rpwjax.errors import InputError
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {str(out)!r} is a file: give a directory")
+    io.check_outputs([out / "results.csv", *sorted(out.glob("*_curves.png"))], overwrite=overwrite)
+
+
 def _sweep(split, config, out_dir, quiet) -> int:
     from pathlib import Path
 
@@ -379,6 +402,7 @@ def cmd_curves(args) -> int:
 
     if (args.dataset is None) == (args.data is None):
         raise InputError("give exactly one of --dataset NAME or --data FILE")
+    _check_sweep_outputs(args.out, args.overwrite)
     if args.validation_seed is not None:  # checked before any data is read
         if not args.validation:
             raise InputError("--validation-seed does nothing without --validation")
@@ -418,11 +442,12 @@ def _pipeline_names() -> list[str]:
 
 
 def cmd_privatize_table(args) -> int:
-    from rpwjax.errors import InputError
+    from rpwjax import io
     from rpwjax.pipelines.table import privatize_table
+    from rpwjax.ledger import ledger_path
 
-    if args.range is None:
-        raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
+    io.check_outputs([args.output, str(args.output) + ".json"], overwrite=args.overwrite,
+                     inputs=[args.input, args.key_file, ledger_path(args.ledger, args.key_file)])
     # the same identity privatize_table binds an unbound secret to, so that the Python call reproduces this release
     settings = {"pipeline": args.pipeline, "epsilon": float(args.epsilon), "range": [float(v) for v in args.range],
                 "epochs": args.epochs, "clip": args.clip}
@@ -465,12 +490,18 @@ def cmd_ledger(args) -> int:
 
 def cmd_bench(args) -> int:
     """Run the benchmarks; exit code 1 if any case failed (its error is in results.json)."""
-    from rpwjax.bench.plans import PLANS
+    from rpwjax import io
+    from rpwjax.bench.plans import FAMILIES, PLANS
     from rpwjax.bench.report import run_plan, summary
     from rpwjax.errors import InputError
 
     if args.repeats is not None and args.repeats < 1:
         raise InputError(f"--repeats must be a positive integer, got --repeats={args.repeats}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {str(out)!r} is a file: give a directory")
+    plots = [] if args.no_plots else [out / f"{family}.png" for family in (args.only or FAMILIES)]
+    io.check_outputs([out / "results.json", *plots], overwrite=args.overwrite)
     plan = PLANS[args.plan or ("quick" if args.quick else "full")]
     results = run_plan(plan, args.out, cache_dir=args.cache, families=args.only, repeats=args.repeats,
                        plots=not args.no_plots, progress=not args.quiet)
@@ -539,6 +570,7 @@ def cmd_demo(args) -> int:
     from rpwjax.experiments.datasets import load_dataset, train_test_split
     from rpwjax.experiments.sweeps import SweepConfig
 
+    _check_sweep_outputs(args.out, args.overwrite)
     config = SweepConfig(epsilons=(0.1, 0.5, 1.0, 2.0, 8.0), seeds=3, epochs=20)
     print("rpwjax demo: all six mechanisms on bundled California Housing, eps in {0.1, 0.5, 1, 2, 8}, "
           "3 seeds, 20 epochs, private histogram prior (eps1 = 0.1 eps, 32 bins)")
@@ -557,11 +589,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--labels", required=True, help="CSV, Parquet, or text file (one number per line)")
     p.add_argument("--label-column", default=None, help="label column (CSV/Parquet)")
     _add_encoding_option(p)
-    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range")
+    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), required=True, help="public label range")
     _add_fit_options(p, many_epsilons=True, required=True)
     _add_secret_options(p, "private histogram's noise")
     p.add_argument("--save", default=None, help="write the fit (exactly one epsilon) to this JSON file")
-    p.add_argument("--json", action="store_true", help="print a JSON list, one object per epsilon")
+    p.add_argument("--json", action="store_true", help="print JSON Lines, one object per epsilon")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --save file (never a key file)")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("keygen", help="write a fresh 256-bit secret (64 hex characters) for --key-file")
@@ -588,6 +622,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="global index of the first row, when INPUT is one shard of a larger data set (default 0); "
                         "offset + rows must not pass 2^63")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing OUTPUT and OUTPUT.json (never a key file)")
     _add_fit_options(p, many_epsilons=False, required=False)
     p.set_defaults(func=cmd_privatize)
 
@@ -596,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="input .csv or .parquet: numeric feature columns and the label column")
     p.add_argument("-o", "--output", required=True, help="output .csv or .parquet (OUTPUT.json gets the accounting)")
     p.add_argument("--label-column", required=True)
-    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range (required)")
+    p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), required=True, help="public label range")
     p.add_argument("--epsilon", type=float, required=True, help="total epsilon per label")
     _add_encoding_option(p)
     _add_secret_options(p, "pipeline (split, statistics, histograms and release)")
@@ -605,6 +641,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=None,
                    help="epochs of the two-stage pipelines' stage models (default 50)")
     p.add_argument("--clip", action="store_true", help="clip labels outside --range instead of refusing them")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing OUTPUT and OUTPUT.json (never a key file)")
     p.set_defaults(func=cmd_privatize_table)
 
     p = sub.add_parser("ledger", help="what each input has spent: the releases in a ledger and their total epsilon")
@@ -650,6 +688,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --validation: which quarter is held out (the seed of the re-split; default 777). "
                         "Several seeds give several validation folds")
     p.add_argument("--out", required=True, help="output directory (results.csv and plots)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results.csv and plots of an earlier sweep in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_curves)
 
@@ -665,6 +705,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"run only these families: {', '.join(FAMILIES)}")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per case (default: by plan)")
     p.add_argument("--no-plots", action="store_true", help="skip the plots")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results.json and plots of an earlier run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--plan", choices=tuple(PLANS), default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_bench)
@@ -700,6 +742,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="a reduced sweep on bundled California Housing: table and plot (a few minutes)")
     p.add_argument("--out", default="rpwjax-demo", help="output directory (default rpwjax-demo)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the results.csv and plots of an earlier demo in --out")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_demo)
     return parser
@@ -714,20 +758,17 @@ def _show_warning(command):
     return show
 
 
-def _install_signal_handlers():
-    """SIGINT and SIGTERM raise :class:`Interrupted` once; later ones are ignored while the run cleans up."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def handler(signum, frame):
-        for s in EXIT_SIGNAL:
-            signal.signal(s, signal.SIG_IGN)
-        raise Interrupted(signum)
-
-    return {s: signal.signal(s, handler) for s in EXIT_SIGNAL}
-
-
 def main(argv=None) -> int:
+    # first of all (the parser imports JAX): from here on SIGINT and SIGTERM end the run with one line
+    words = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    uninstall = interrupts.install("rpwjax" + (f" {words[0]}" if words and not words[0].startswith("-") else ""))
+    try:
+        return _main(argv)
+    finally:
+        uninstall()
+
+
+def _main(argv) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -738,16 +779,12 @@ def main(argv=None) -> int:
     from rpwjax.errors import InputError, one_line
 
     command = args.command
-    previous = _install_signal_handlers()
+    interrupts.set_label(f"rpwjax {command}")
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning(command)
             return args.func(args)
-    except Interrupted as exc:
-        name = signal.Signals(exc.signum).name
-        print(f"rpwjax {command}: interrupted by {name}; unfinished outputs were removed", file=sys.stderr)
-        return EXIT_SIGNAL[exc.signum]
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # where the handlers are not installed (a thread other than the main one)
         print(f"rpwjax {command}: interrupted by SIGINT; unfinished outputs were removed", file=sys.stderr)
         return EXIT_SIGNAL[signal.SIGINT]
     except InputError as err:
@@ -766,9 +803,7 @@ def main(argv=None) -> int:
               "traceback)", file=sys.stderr)
         return 1
     finally:
-        if previous is not None:
-            for s, h in previous.items():
-                signal.signal(s, h)
+        interrupts.set_label("rpwjax")
 
 
 if __name__ == "__main__":

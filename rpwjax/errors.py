@@ -24,11 +24,18 @@ def format_value(value) -> str:
 
 
 def check_epsilon(epsilon, name: str = "epsilon") -> np.ndarray:
-    """Return ``epsilon`` as a float64 array (0-d or 1-d), each value finite and > 0."""
+    """Return ``epsilon`` as a float64 array (0-d or 1-d), each value finite and > 0.
+
+    Only numbers count: a string such as ``"1"`` (or a list of them), a boolean or ``None`` is refused, not
+    converted.
+    """
     try:
-        arr = np.asarray(epsilon, dtype=np.float64)
+        raw = np.asarray(epsilon)
     except (TypeError, ValueError):
-        raise InputError(f"{name} must be a number or a list of numbers, got {name}={epsilon!r}") from None
+        raw = None
+    if raw is None or raw.dtype.kind not in "iuf":  # integers and floats only: not text, bool or objects
+        raise InputError(f"{name} must be a number or a list of numbers, got {name}={epsilon!r}")
+    arr = raw.astype(np.float64)
     if arr.ndim > 1:
         raise InputError(f"{name} must be a scalar or a 1-d grid, got shape {arr.shape}")
     if arr.size == 0:

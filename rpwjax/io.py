@@ -40,14 +40,13 @@ import codecs
 import dataclasses
 import contextlib
 import csv
+import errno
 import gzip
 import io as pyio
 import json
 import os
-import signal
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +55,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from rpwjax import interrupts
 from rpwjax.errors import InputError, one_line, show_value
 
 TABLE_SUFFIXES = (".csv", ".parquet")
@@ -77,6 +77,8 @@ def file_kind(path, allowed=TABLE_SUFFIXES, what="file") -> str:
 
 
 def _check_exists(path, what="input file"):
+    if Path(path).is_dir():
+        raise InputError(f"{what} {str(path)!r} is a directory: give a file")
     if not Path(path).is_file():
         raise InputError(f"{what} not found: {str(path)!r}")
 
@@ -991,6 +993,56 @@ def copy_with_labels(source: TableSource, path, out_kind: str, new_labels, *, ch
 
 # --------------------------------------------------------------------------- atomic outputs
 
+_KEY_FILE_BYTES = 64  # a key file (``rpwjax keygen``): exactly 64 hex characters and an optional line end
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def is_key_file(path) -> bool:
+    """Whether ``path`` is a file holding exactly 64 hex characters (and an optional newline): a secret."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with open(p, "rb") as f:
+        head = f.read(_KEY_FILE_BYTES + 3)
+    for end in (b"\r\n", b"\n", b""):
+        if head.endswith(end) and len(head) == _KEY_FILE_BYTES + len(end):
+            return all(c in _HEX for c in head[:_KEY_FILE_BYTES])
+    return False
+
+
+def _refuse_key_file(path: Path):
+    """Nothing replaces a key file, with or without ``--overwrite``."""
+    try:
+        key = is_key_file(path)
+    except OSError as err:  # it cannot be read, so it cannot be told apart from a key file
+        raise InputError(f"output {str(path)!r} exists and cannot be read ({err.strerror or err}): refusing to "
+                         "replace it") from None
+    if key:
+        raise InputError(f"refusing to overwrite {str(path)!r}: it is a key file (64 hex characters, as `rpwjax "
+                         "keygen` writes), and a secret is never replaced, with or without --overwrite")
+
+
+def check_outputs(outputs, *, overwrite: bool = False, inputs=()):
+    """Refuse, before any work starts, outputs that would replace something.
+
+    An output that is one of ``inputs``, a directory or a key file is always
+    refused; an existing file unless ``overwrite`` (``--overwrite``). The
+    message names the file.
+    """
+    sources = [Path(i) for i in inputs if i is not None]
+    for out in map(Path, outputs):
+        if out.is_dir():
+            raise InputError(f"output {str(out)!r} is a directory: give a file name")
+        exists = out.exists() or out.is_symlink()
+        if exists:
+            _refuse_key_file(out)
+        for src in sources:
+            if out.resolve() == src.resolve() or (out.is_file() and src.is_file() and out.samefile(src)):
+                raise InputError(f"output must differ from input (it would overwrite it), got {str(out)!r} for both")
+        if exists:
+            if not overwrite:
+                raise InputError(f"output {str(out)!r} already exists: give --overwrite to replace it")
+
 
 def _temp_beside(target: Path) -> Path:
     try:
@@ -1028,25 +1080,13 @@ def _remove_dirs(created):
             d.rmdir()
 
 
-@contextlib.contextmanager
-def _signals_held():
-    """Hold SIGINT and SIGTERM while outputs are renamed into place (they arrive right after)."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def _commit(temps, targets):
-    with _signals_held():
+    with interrupts.held():  # a signal waits until every output is in place, or none is
         backups, done = [], []
         try:
             for tmp, target in zip(temps, targets):
                 if target.exists():
+                    _refuse_key_file(target)  # checked again here: it may have become one since the run started
                     backup = _temp_beside(target)
                     os.replace(target, backup)
                     backups.append((backup, target))
@@ -1069,28 +1109,62 @@ def _commit(temps, targets):
 def atomic_outputs(*targets):
     """Temporary paths beside ``targets``, renamed onto them together only on success.
 
-    On any failure (an exception, ``KeyboardInterrupt``, the CLI's ``SIGTERM``)
-    the temporary files and the directories created for them are removed and
-    existing targets are left as they were.
+    An existing target is replaced, unless it is a key file (:func:`is_key_file`: never); the command
+    line refuses existing outputs before any work unless ``--overwrite`` (:func:`check_outputs`).
+    On any failure (an exception, ``KeyboardInterrupt``) the temporary files
+    and the directories created for them are removed and existing targets are
+    left as they were; both are registered with :mod:`rpwjax.interrupts`, so
+    that the command line's SIGINT or SIGTERM removes them too.
     """
     targets = [Path(t) for t in targets]
     for t in targets:
         if t.is_dir():
             raise InputError(f"output {str(t)!r} is a directory: give a file name")
+        if t.exists():
+            _refuse_key_file(t)
     created = []
     temps = []
+
+    def clean():
+        with interrupts.held():
+            for tmp in temps:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            _remove_dirs(created)
+            interrupts.unregister(*temps, directories=created)
+
     try:
         for t in targets:
-            created += _make_parents(t.parent)
-            temps.append(_temp_beside(t))
+            with interrupts.held():  # no signal between creating a file and registering it
+                made = _make_parents(t.parent)
+                created += made
+                interrupts.register(directories=made)
+                temps.append(_temp_beside(t))
+                interrupts.register(temps[-1])
         yield tuple(temps)
-        _commit(temps, targets)
+        with interrupts.held():
+            _commit(temps, targets)
+            interrupts.unregister(*temps, directories=created)
+    except OSError as err:
+        clean()
+        raise _write_error(err, temps, targets) from None
     except BaseException:
-        for tmp in temps:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        _remove_dirs(created)
+        clean()
         raise
+
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}  # a full disk, a quota, a size limit
+
+
+def _write_error(err: OSError, temps, targets) -> OSError:
+    """``err`` with the file it concerns named by its target, not its temporary name (or not at all)."""
+    named = [t for tmp, t in zip(temps, targets) if str(tmp) in f"{err.filename} {err}"]
+    if not named and err.errno not in _WRITE_ERRNOS:
+        return err  # not about writing the outputs (e.g. reading the input)
+    names = " and ".join(repr(str(t)) for t in (named or targets))
+    out = OSError(f"cannot write {names}: {err.strerror or one_line(err)}")
+    out.errno = err.errno
+    return out
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ import json
 import os
 import secrets as _secrets
 import struct
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,9 @@ class Secret:
                 f"{source} must hold exactly {KEY_FILE_HEX} hex characters (256 bits, as `rpwjax keygen` writes), "
                 f"got {len(t)} characters{'' if all(c in '0123456789abcdefABCDEF' for c in t) else ' with non-hex ones'}"
             )
-        return cls(bytes.fromhex(t))
+        material = bytes.fromhex(t)
+        _check_strength(material, source)
+        return cls(material)
 
     @classmethod
     def from_file(cls, path) -> "Secret":
@@ -91,7 +94,12 @@ class Secret:
             raise InputError(f"key file {str(p)!r} is a directory") from None
         except OSError as err:  # e.g. permission denied: name the file and the reason, nothing else
             raise InputError(f"key file {str(p)!r} cannot be read ({err.strerror or type(err).__name__})") from None
-        return cls.from_hex(text, source=f"key file {str(p)!r}")
+        secret = cls.from_hex(text, source=f"key file {str(p)!r}")
+        mode = p.stat().st_mode & 0o777
+        if os.name == "posix" and mode & 0o077:  # as ssh does: a secret others can read is no secret
+            warnings.warn(f"key file {str(p)!r} is readable or writable by group or others (mode {mode:04o}): anyone "
+                          f"who reads it can undo the noise; restrict it with chmod 600 {str(p)!r}", stacklevel=2)
+        return secret
 
     @classmethod
     def from_seed(cls, seed: int) -> "Secret":
@@ -175,6 +183,22 @@ def check_secret(secret) -> Secret:
         raise InputError("secret must be an rpwjax.keys.Secret (Secret.from_file(KEYFILE) or Secret.from_entropy()), "
                          f"got {type(secret).__name__}")
     return secret
+
+
+MIN_DISTINCT_BYTES = 8  # a key's 32 bytes take at least this many distinct values
+
+
+def _check_strength(material: bytes, source: str):
+    """Refuse key material whose bytes take fewer than :data:`MIN_DISTINCT_BYTES` distinct values.
+
+    32 bytes from a CSPRNG take about 30 distinct values; fewer than 8 happens with probability below
+    2^-120, so such a key (all zeros, a repeated pattern) was typed or made up, not drawn.
+    """
+    distinct = len(set(material))
+    if distinct < MIN_DISTINCT_BYTES:
+        raise InputError(f"{source} is not a strong secret: its {len(material)} bytes take only {distinct} distinct "
+                         "value(s) (all zeros or a repeated pattern); a key file must come from `rpwjax keygen` or "
+                         "an equally strong source")
 
 
 def _looks_like_key(text: str) -> bool:

@@ -105,3 +105,12 @@ def spy(monkeypatch, module, name, pick):
 
     monkeypatch.setattr(module, name, wrapper)
     return seen
+
+
+def json_lines(text):
+    """The objects of JSON Lines output (every ``--json`` prints one object per line, nothing else)."""
+    import json
+
+    lines = text.splitlines()
+    assert lines and all(line.startswith("{") and line.endswith("}") for line in lines), text
+    return [json.loads(line) for line in lines]

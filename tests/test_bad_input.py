@@ -8,9 +8,12 @@ nothing new behind (no output, no sidecar, no temporary file, no directory it
 created), and an existing output pair is left untouched.
 """
 
+import contextlib
 import csv
+import errno
 import io as pyio
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -144,6 +147,7 @@ PRIVATIZE_CASES = [
     ("inline fit: label outside the range", b"id,y\n1,0.5\n2,1.5\n", INLINE, 2,
      ["label 1.5 in column 'y' lies outside the public range [0.0, 1.0], at data row 2 (line 3)"]),
     ("inline fit: Latin-1 label", b"id,y\n1,0.5\xe9\n", INLINE, 2, ["not valid utf-8: byte 0xe9 in column 'y'"]),
+    ("input is a directory", None, None, 2, ["input file", "in.csv' is a directory: give a file"]),
 ] + [
     # what cannot be certified is refused, the same way at every ε above the limit (one line: no overflow warning)
     (f"{name} at epsilon 1000", b"id,y\n1,0.5\n2,0.25\n3,0.75\n",
@@ -153,7 +157,7 @@ PRIVATIZE_CASES = [
 ]
 # the fast subset: a saved fit refusing a bad file, an option refused inline, an inline fit refusing a label
 PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fit: label outside the range",
-                  "rpwithprior at epsilon 1000", "rr-on-bins at epsilon 1000")
+                  "rpwithprior at epsilon 1000", "rr-on-bins at epsilon 1000", "input is a directory")
 
 
 @pytest.mark.parametrize("case, content, options, code, fragments", slow_unless(
@@ -161,7 +165,7 @@ PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fi
 def test_privatize_refuses_bad_input_with_one_line_and_leaves_nothing(shared, tmp_path, capsys, case, content,
                                                                        options, code, fragments):
     src = tmp_path / "in.csv"
-    src.write_bytes(content)
+    src.mkdir() if content is None else src.write_bytes(content)  # None: a directory where the input should be
     options = options or []
     if "--mechanism" not in options:  # a saved fit unless the case fits inline
         options = ["--params", shared / "p.json", *options]
@@ -233,16 +237,121 @@ def test_a_failed_run_leaves_an_existing_output_pair_untouched(shared, tmp_path,
     out.write_text("old output\n")
     (tmp_path / "o.csv.json").write_text('{"old": true}\n')
     code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json",
-                        "--chunk-rows", "100", "--quiet"], capsys)
+                        "--chunk-rows", "100", "--quiet", "--overwrite"], capsys)
     assert code == 2 and err.count("\n") == 1 and "label 2.5" in err and "data row 5001 (line 5002)" in err
     assert out.read_text() == "old output\n" and (tmp_path / "o.csv.json").read_text() == '{"old": true}\n'
     assert listing(tmp_path) == ["in.csv", "o.csv", "o.csv.json"]
     # a successful run replaces both
     src.write_text("id,y\n" + rows)
-    code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json", "--quiet"],
-                       capsys)
+    code, _, err = run(["privatize", src, "-o", out, "--label-column", "y", "--params", shared / "p.json", "--quiet",
+                        "--overwrite"], capsys)
     assert code == 0, err
     assert json.loads((tmp_path / "o.csv.json").read_text())["rows"] == 5000
+    assert listing(tmp_path) == ["in.csv", "o.csv", "o.csv.json"]
+
+
+@pytest.mark.parametrize("number", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_names_the_output_and_leaves_nothing(shared, tmp_path, capsys, monkeypatch, number):
+    from rpwjax import io
+
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"id,y\n1,0.5\n")
+    real = io.copy_with_labels
+
+    def full(source, path, *args, **kwargs):  # the disk fills up while the output is written
+        real(source, path, *args, **kwargs)
+        raise OSError(number, os.strerror(number))
+
+    monkeypatch.setattr(io, "copy_with_labels", full)
+    code, _, err = run(["privatize", src, "-o", tmp_path / "out" / "o.csv", "--label-column", "y", "--params",
+                        shared / "p.json", "--quiet"], capsys)
+    assert code == 1 and err.count("\n") == 1, err
+    assert f"rpwjax privatize: error: cannot write '{tmp_path / 'out' / 'o.csv'}'" in err
+    assert os.strerror(number) in err and ".part" not in err
+    assert listing(tmp_path) == ["in.csv"]
+
+
+# --------------------------------------------------------------------------- outputs that exist
+
+KEY_TEXT = bytes(range(7, 39)).hex().encode() + b"\n"  # what `rpwjax keygen` writes
+SAVED = ["--label-column", "y", "--params", "{s}/p.json", "--quiet"]
+TABLE = ["--label-column", "y", "--range", "0", "1", "--epsilon", "1"]
+FIT = ["--labels", "{t}/in.csv", "--label-column", "y", "--range", "0", "1", "--mechanism", "laplace", "--epsilon", "1"]
+# (case, command line ({t}: the test's folder, {s}: the saved fit's), files there before, fragments of the message).
+# The input's second label lies outside the range: had any work started, the message would be about that label.
+EXISTING_CASES = [
+    ("privatize over an unrelated file", ["privatize", "{t}/in.csv", "-o", "{t}/important.csv", *SAVED],
+     {"important.csv": b"keep me\n"}, ["output '{t}/important.csv' already exists: give --overwrite to replace it"]),
+    ("privatize over a key file, with --overwrite", ["privatize", "{t}/in.csv", "-o", "{t}/secret.csv", *SAVED,
+                                                      "--overwrite"],
+     {"secret.csv": KEY_TEXT}, ["refusing to overwrite '{t}/secret.csv': it is a key file", "with or without"]),
+    ("privatize sidecar over an unrelated file", ["privatize", "{t}/in.csv", "-o", "{t}/o.csv", *SAVED],
+     {"o.csv.json": b'{"mine": true}\n'}, ["output '{t}/o.csv.json' already exists"]),
+    ("privatize sidecar over a key file, with --overwrite", ["privatize", "{t}/in.csv", "-o", "{t}/o.csv", *SAVED,
+                                                              "--overwrite"],
+     {"o.csv.json": KEY_TEXT}, ["refusing to overwrite '{t}/o.csv.json': it is a key file"]),
+    ("privatize sidecar over its own params file, with --overwrite",
+     ["privatize", "{t}/in.csv", "-o", "{t}/o.csv", "--label-column", "y", "--params", "{t}/o.csv.json", "--overwrite"],
+     {"o.csv.json": None}, ["output must differ from input", "'{t}/o.csv.json'"]),
+    ("inline privatize over an unrelated file", ["privatize", "{t}/in.csv", "-o", "{t}/o.csv", "--label-column", "y",
+                                                 *INLINE], {"o.csv": b"old\n"}, ["output '{t}/o.csv' already exists"]),
+    ("fit --save over a key file, with --overwrite", ["fit", *FIT, "--save", "{t}/secret.key", "--overwrite"],
+     {"secret.key": KEY_TEXT}, ["refusing to overwrite '{t}/secret.key': it is a key file"]),
+    ("fit --save over a key file with CRLF", ["fit", *FIT, "--save", "{t}/secret.key", "--overwrite"],
+     {"secret.key": KEY_TEXT[:-1] + b"\r\n"}, ["'{t}/secret.key': it is a key file"]),
+    ("fit --save over a file", ["fit", *FIT, "--save", "{t}/p.json"], {"p.json": b"{}\n"},
+     ["output '{t}/p.json' already exists: give --overwrite"]),
+    ("privatize-table over a file", ["privatize-table", "{t}/in.csv", "-o", "{t}/o.csv", *TABLE],
+     {"o.csv": b"old\n"}, ["output '{t}/o.csv' already exists"]),
+    ("privatize-table sidecar over a key file, with --overwrite",
+     ["privatize-table", "{t}/in.csv", "-o", "{t}/o.csv", *TABLE, "--overwrite"], {"o.csv.json": KEY_TEXT},
+     ["'{t}/o.csv.json': it is a key file"]),
+    ("curves over an earlier sweep", ["curves", "--data", "{t}/in.csv", "--label-column", "y", "--range", "0", "1",
+                                      "--out", "{t}/sweep"], {"sweep/results.csv": b"old\n"},
+     ["output '{t}/sweep/results.csv' already exists"]),
+    ("curves over an earlier sweep's plot", ["curves", "--data", "{t}/in.csv", "--label-column", "y", "--range", "0",
+                                             "1", "--out", "{t}/sweep"], {"sweep/in_curves.png": b"png"},
+     ["output '{t}/sweep/in_curves.png' already exists"]),
+    ("bench over an earlier run", ["bench", "--quick", "--out", "{t}/bench", "--cache", "{t}/cache"],
+     {"bench/results.json": b"{}\n"}, ["output '{t}/bench/results.json' already exists"]),
+]
+
+
+@pytest.mark.parametrize("case, argv, existing, fragments", EXISTING_CASES, ids=[c[0] for c in EXISTING_CASES])
+def test_nothing_is_overwritten_unless_asked_and_a_key_file_never(shared, tmp_path, capsys, case, argv, existing,
+                                                                   fragments):
+    (tmp_path / "in.csv").write_bytes(b"id,y\n1,0.5\n2,7\n")
+    for name, content in existing.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes((shared / "p.json").read_bytes() if content is None else content)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    command = argv[0]
+    code, _, err = run([a.format(t=tmp_path, s=shared) for a in argv], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"rpwjax {command}: error: "), err
+    for fragment in fragments:
+        assert fragment.format(t=tmp_path) in err, (fragment, err)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # untouched, nothing new
+
+
+def test_the_library_never_replaces_a_key_file_either(tmp_path):
+    from rpwjax import InputError, io
+
+    key = tmp_path / "k.json"
+    key.write_bytes(KEY_TEXT)
+    with pytest.raises(InputError, match="it is a key file"):
+        io.write_json(key, {"params": 1})
+    assert key.read_bytes() == KEY_TEXT and listing(tmp_path) == ["k.json"]
+
+
+def test_overwrite_replaces_an_existing_output_pair(shared, tmp_path, capsys):
+    (tmp_path / "in.csv").write_bytes(b"id,y\n1,0.5\n2,0.25\n")
+    (tmp_path / "o.csv").write_text("old output\n")
+    (tmp_path / "o.csv.json").write_text('{"old": true}\n')
+    code, _, err = run(["privatize", tmp_path / "in.csv", "-o", tmp_path / "o.csv", "--label-column", "y",
+                        "--params", shared / "p.json", "--quiet", "--overwrite"], capsys)
+    assert code == 0, err
+    assert json.loads((tmp_path / "o.csv.json").read_text())["rows"] == 2
+    assert (tmp_path / "o.csv").read_text().startswith("id,y\n")
     assert listing(tmp_path) == ["in.csv", "o.csv", "o.csv.json"]
 
 
@@ -308,6 +417,7 @@ FIT_CASES = [
      ["--prior-epsilon 0.1 does nothing under --prior empirical"]),
     ("--objective for staircase", "l.txt", b"0.5\n", ["--mechanism", "staircase", "--objective", "inside"],
      ["--objective inside does nothing for --mechanism staircase"]),
+    ("labels file is a directory", "t.csv", None, ["--label-column", "y"], ["labels file", "t.csv' is a directory"]),
     # parameters that privatize would refuse are not saved (ways a certified float64 release runs out at a large ε)
     ("--save of laplace at epsilon 50", "l.txt", b"0.5\n", ["--mechanism", "laplace", "--epsilon", "50"],
      ["--save: these parameters cannot be released: ", "laplace: epsilon=50 on the range [0, 1] cannot be certified "
@@ -323,7 +433,7 @@ FIT_CASES = [
 
 @pytest.mark.parametrize("case, name, content, options, fragments", FIT_CASES, ids=[c[0] for c in FIT_CASES])
 def test_fit_bad_input(tmp_path, capsys, case, name, content, options, fragments):
-    (tmp_path / name).write_bytes(content)
+    (tmp_path / name).mkdir() if content is None else (tmp_path / name).write_bytes(content)
     mechanism = [] if "--mechanism" in options else ["--mechanism", "rpwithprior"]
     code, _, err = run(["fit", "--labels", tmp_path / name, "--range", "0", "1", *mechanism, "--epsilon", "1",
                         "--save", tmp_path / "out" / "p.json", *options], capsys)
@@ -372,6 +482,29 @@ def test_privatize_table_errors_name_rows_and_warnings_are_one_line(shared, tmp_
     # the other columns leave as they came in, here too
     got = parse((tmp_path / "o.csv").read_bytes())
     assert [r[:3] for r in got] == [list(r[:3]) for r in rows]
+
+
+# --------------------------------------------------------------------------- the Python API
+
+# (case, fit arguments over the defaults, fragment of the message): refused before anything is fitted
+API_CASES = [
+    ("labels of two dimensions", {"labels": np.full((2, 50), 0.5)}, "labels must be one-dimensional"),
+    ("epsilon as text", {"epsilon": "1"}, "epsilon must be a number or a list of numbers, got epsilon='1'"),
+    ("epsilon as a list of text", {"epsilon": ["1"]}, "got epsilon=['1']"),
+    ("epsilon as a boolean", {"epsilon": True}, "got epsilon=True"),
+    ("epsilon None", {"epsilon": None}, "got epsilon=None"),
+    ("prior epsilon as text", {"prior_epsilon": "0.1"}, "prior_epsilon must be a number"),
+]
+
+
+@pytest.mark.parametrize("case, arguments, fragment", API_CASES, ids=[c[0] for c in API_CASES])
+def test_fit_refuses_bad_input_with_the_value(case, arguments, fragment):
+    from rpwjax import InputError, fit
+
+    kwargs = {"labels": np.full(100, 0.5), "range": (0, 1), "epsilon": 1.0, "seed": 0, **arguments}
+    with pytest.raises(InputError) as info:
+        fit("rpwithprior", kwargs.pop("labels"), **kwargs)
+    assert fragment in str(info.value)
 
 
 # --------------------------------------------------------------------------- row numbers deep in a big file
@@ -542,6 +675,76 @@ def test_parquet_keeps_the_schema_and_values_of_every_other_column(shared, tmp_p
 
 
 # --------------------------------------------------------------------------- SIGINT and SIGTERM
+
+
+def start(argv, cwd):
+    return subprocess.Popen([sys.executable, "-m", "rpwjax.cli", *map(str, argv)], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def assert_stopped(proc, sig, command):
+    """Send ``sig``: the run ends with its exit code (a segmentation fault would be -11) and one line."""
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err
+    assert err == f"{command}: interrupted by {signal.Signals(sig).name}; unfinished outputs were removed\n", err
+
+
+@pytest.mark.parametrize("sig, seconds", slow_unless(
+    [(signal.SIGINT, 0.3), (signal.SIGTERM, 0.3), (signal.SIGINT, 0.8)], fast=[(signal.SIGINT, 0.3)]))
+def test_a_signal_in_the_first_second_stops_the_run(shared, tmp_path, sig, seconds):
+    # while the command line imports JAX: once swallowed by JAX's garbage-collector callback (exit 0, a release)
+    (tmp_path / "in.csv").write_text("id,y\n" + "".join(f"{i},{(i % 10) / 10}\n" for i in range(100)))
+    proc = start(["privatize", "in.csv", "-o", "out/o.csv", "--label-column", "y", *INLINE, "--quiet"], tmp_path)
+    time.sleep(seconds)
+    assert_stopped(proc, sig, "rpwjax privatize")
+    assert listing(tmp_path) == ["in.csv"]
+
+
+@pytest.fixture(scope="module")
+def million(tmp_path_factory):
+    """A CSV of 1.5 million labels: an inline fit's read pass takes a while."""
+    path = tmp_path_factory.mktemp("million") / "big.csv"
+    y = np.random.default_rng(0).integers(0, 1000, 1_500_000) / 1000
+    path.write_text("id,y\n" + "".join(f"{i},{v}\n" for i, v in enumerate(y)))
+    return path
+
+
+def _open_by(pid: int, path) -> bool:
+    with contextlib.suppress(OSError):
+        return any(os.path.realpath(f"/proc/{pid}/fd/{fd}") == str(path) for fd in os.listdir(f"/proc/{pid}/fd"))
+    return False
+
+
+def _wait(proc, condition, seconds=300):
+    start_time = time.monotonic()
+    while proc.poll() is None and not condition() and time.monotonic() - start_time < seconds:
+        time.sleep(0.01)
+
+
+# (moment, signal, seconds after the moment begins); the fit's read pass ends when the input is closed again
+INLINE_FIT_MOMENTS = [("read pass", signal.SIGINT, 0.2), ("read pass", signal.SIGTERM, 0.2),
+                      ("fit", signal.SIGINT, 0.5), ("fit", signal.SIGTERM, 0.5), ("fit", signal.SIGINT, 2.0),
+                      ("fit", signal.SIGTERM, 1.0)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="finds the read pass through /proc")
+@pytest.mark.parametrize("moment, sig, seconds", slow_unless(
+    INLINE_FIT_MOMENTS, fast=[INLINE_FIT_MOMENTS[0], INLINE_FIT_MOMENTS[2]]))
+def test_a_signal_during_an_inline_fit_stops_the_run(million, tmp_path, moment, sig, seconds):
+    # once, in the fit (XLA compiling and running): "unfinished outputs were removed", then a segmentation fault
+    # (exit 139) as the interpreter shut down around XLA's threads
+    proc = start(["privatize", million, "-o", "out/o.csv", "--label-column", "y", *INLINE, "--quiet"], tmp_path)
+    reading = lambda: _open_by(proc.pid, million.resolve())  # noqa: E731
+    _wait(proc, reading)
+    if moment == "fit":
+        _wait(proc, lambda: not reading())
+    assert not (tmp_path / "out").exists()  # the release has not begun
+    time.sleep(seconds)
+    assert_stopped(proc, sig, "rpwjax privatize")
+    assert listing(tmp_path) == []
+
 
 
 @pytest.mark.slow

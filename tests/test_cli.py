@@ -16,7 +16,7 @@ import pytest
 
 from rpwjax import cli, posterior_mean
 from rpwjax.privatize import load_release_params
-from helpers import fixed_key, run, slow_unless
+from helpers import fixed_key, json_lines, run, slow_unless
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_fit_json_has_the_contract_fields(files, capsys):
     code, out, _ = run(["fit", "--labels", str(d / "t.csv"), "--label-column", "value", "--range", "0", "1",
                         "--mechanism", "rpwithprior", "--epsilon", "0.5", "1", "2", "--zeta", "0.05", "--json"], capsys)
     assert code == 0
-    records = json.loads(out)
+    records = json_lines(out)
     assert [r["epsilon"] for r in records] == [0.5, 1.0, 2.0]
     for r in records:
         assert {"mechanism", "epsilon", "epsilon_prior", "epsilon_mechanism", "delta", "range", "params", "label_mse"} <= set(r)
@@ -59,8 +59,8 @@ def test_fit_reads_text_and_parquet_labels_alike(files, capsys):
               "--key-file", str(d / "key")]
     _, a, _ = run(["fit", "--labels", str(d / "labels.txt"), *common], capsys)
     _, b, _ = run(["fit", "--labels", str(d / "t.parquet"), "--label-column", "value", *common], capsys)
-    assert json.loads(a)[0]["prior"]["kind"] == "private-histogram"
-    ra, rb = json.loads(a)[0]["params"], json.loads(b)[0]["params"]
+    assert json_lines(a)[0]["prior"]["kind"] == "private-histogram"
+    ra, rb = json_lines(a)[0]["params"], json_lines(b)[0]["params"]
     assert ra["A1"] == pytest.approx(rb["A1"], abs=1e-12) and ra["A2"] == pytest.approx(rb["A2"], abs=1e-12)
 
 
@@ -71,7 +71,7 @@ def test_private_prior_reports_split(files, capsys):
                         "--epsilon", "1", "2", "--prior", "private", "--prior-epsilon", "0.25", "--bins", "20",
                         "--key-file", str(d / "key"), "--json"], capsys)
     assert code == 0
-    for r in json.loads(out):
+    for r in json_lines(out):
         assert r["epsilon_prior"] == 0.25 and r["epsilon_mechanism"] == pytest.approx(r["epsilon"] - 0.25)
         assert r["prior"]["kind"] == "private-histogram" and r["prior"]["bins"] == 20
         assert len(r["prior"]["masses"]) == 20 and sum(r["prior"]["masses"]) == pytest.approx(1.0)
@@ -214,7 +214,7 @@ def test_a_negative_range_in_any_number_notation_is_a_value(files, tmp_path, cap
     code, out, err = run(["fit", "--labels", str(src), "--label-column", "value", "--range", lo, hi,
                           "--mechanism", "laplace", "--epsilon", "1", "--json"], capsys)
     assert code == 0, err
-    assert json.loads(out)[0]["range"] == [float(lo), float(hi)]
+    assert json_lines(out)[0]["range"] == [float(lo), float(hi)]
     code, _, err = run(["privatize-table", str(src), "-o", str(tmp_path / "o.csv"), "--label-column", "value",
                         "--range", lo, hi, "--epsilon", "1", "--key-file", str(d / "key")], capsys)
     assert code == 0, err
@@ -255,13 +255,25 @@ def test_params_file_must_be_a_fit_record(tmp_path, capsys, files):
     assert code != 0 and "not an rpwjax fit record" in err
 
 
+@pytest.mark.parametrize("command", ["fit", "privatize-table"])
+def test_range_is_required_in_the_help_and_on_the_command_line(files, tmp_path, capsys, command):
+    d, _ = files
+    code, out, _ = run([command, "--help"], capsys)
+    usage = " ".join(out.split("options:")[0].split())
+    assert code == 0 and " --range LO HI " in usage and "[--range" not in usage, usage
+    argv = ["fit", "--labels", d / "labels.txt", "--mechanism", "laplace", "--epsilon", "1"] if command == "fit" else \
+        ["privatize-table", d / "t.csv", "-o", tmp_path / "o.csv", "--label-column", "value", "--epsilon", "1"]
+    code, _, err = run(argv, capsys)
+    assert code == 2 and err.count("\n") == 1 and "required: --range" in err and "public input" in err, err
+
+
 @pytest.mark.slow
 def test_console_script_runs(files):
     d, _ = files
     proc = subprocess.run([sys.executable, "-m", "rpwjax.cli", "fit", "--labels", str(d / "labels.txt"), "--range", "0",
                            "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--json"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)[0]["mechanism"] == "rpwithprior"
+    assert json_lines(proc.stdout)[0]["mechanism"] == "rpwithprior"
 
 
 @pytest.mark.slow

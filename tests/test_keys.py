@@ -11,6 +11,7 @@
 * the sidecar's ``output_range``/``output_grid`` describe every released value.
 """
 
+import errno
 import json
 import os
 import pickle
@@ -26,7 +27,7 @@ from rpwjax import cli
 from rpwjax.errors import InputError
 from rpwjax.keys import KEY_FILE_HEX, SECRET_BYTES, Secret
 from rpwjax.release_path import BLOCK_ROWS
-from helpers import fixed_key, run, slow_unless
+from helpers import fixed_key, json_lines, run, slow_unless
 
 ROWS = BLOCK_ROWS + 4_464  # the rows cross a block boundary
 HEX = "0123456789abcdef"
@@ -162,6 +163,23 @@ def test_keygen_writes_64_hex_characters_mode_0600_and_never_overwrites(tmp_path
     assert key_hex(other) != text.strip()  # fresh entropy every time
 
 
+@pytest.mark.parametrize("number", [errno.EROFS, errno.EACCES])
+def test_keygen_that_cannot_write_names_the_file_and_the_reason(tmp_path, capsys, monkeypatch, number):
+    path = tmp_path / "k"
+    real = os.open
+
+    def refused(name, *args, **kwargs):  # a read-only file system, a directory we may not write
+        if str(name) == str(path):
+            raise OSError(number, os.strerror(number), str(name))
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refused)
+    code, out, err = run(["keygen", "-o", path], capsys)
+    assert code == 1 and out == "", err
+    assert err == f"rpwjax keygen: error: cannot write the key file {str(path)!r}: {os.strerror(number)}\n"
+    assert not path.exists()
+
+
 # --------------------------------------------------------------------------- reproducibility
 
 
@@ -181,7 +199,7 @@ def test_one_hex_digit_first_or_last_changes_the_output(data, tmp_path, capsys):
         code, out, err = run(["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "rpwithprior",
                               "--epsilon", "1", "--key-file", key, "--json"], capsys)
         assert code == 0, err
-        fits.append(json.loads(out)[0]["prior"]["masses"])
+        fits.append(json_lines(out)[0]["prior"]["masses"])
     assert fits[0] != fits[1] and fits[0] != fits[2] and fits[1] != fits[2]
 
 
@@ -328,6 +346,8 @@ def test_key_material_appears_in_no_output(data, tmp_path, capsys):
     (b"\xff\xfe" * 32, "not ASCII"),
     ("", "0 characters"),
     (None, "does not exist"),
+    ("0" * 64 + "\n", "take only 1 distinct value"),  # all zeros: typed, not drawn
+    ("01234567" * 8 + "\n", "take only 4 distinct value"),  # a repeated pattern
 ])
 def test_a_bad_key_file_exits_2_with_one_line_that_hides_its_content(data, tmp_path, capsys, content, why):
     d, _ = data
@@ -354,6 +374,26 @@ def test_a_bad_key_file_exits_2_with_one_line_that_hides_its_content(data, tmp_p
         assert not (tmp_path / "o.csv").exists() and not (tmp_path / "t.csv").exists()
 
 
+def test_a_weak_key_names_where_a_key_file_must_come_from():
+    with pytest.raises(InputError, match="must come from `rpwjax keygen` or an equally strong source"):
+        Secret.from_hex("ab" * 32)
+    Secret.from_hex("0123456789abcdef" * 4)  # 8 distinct bytes: accepted
+
+
+def test_a_key_file_others_can_read_gets_one_warning_line(data, tmp_path, capsys):
+    d, _ = data
+    key = fixed_key(tmp_path / "open.key", 5)
+    argv = ["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "laplace", "--epsilon", "1",
+            "--key-file", key]
+    code, _, err = run(argv, capsys)
+    assert code == 0 and err == "", err  # mode 0600: nothing to say
+    key.chmod(0o644)
+    code, _, err = run(argv, capsys)
+    assert code == 0, err
+    assert err.count("\n") == 1 and err.startswith("rpwjax fit: warning: key file ") and str(key) in err, err
+    assert "mode 0644" in err and "chmod 600" in err and key_hex(key)[:8] not in err
+
+
 def test_key_material_given_as_the_path_is_not_echoed(data, tmp_path, capsys):
     d, _ = data
     text = key_hex(d / "key")  # e.g. --key-file "$(cat KEYFILE)"
@@ -372,6 +412,39 @@ def test_key_file_and_seed_together_are_refused(data, tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- experiments-only seeds
+
+
+def test_every_command_that_takes_a_seed_warns_once(data, tmp_path, capsys):
+    d, _ = data
+    warning = "warning: reproducible seed: not for production"
+    for argv, code in (
+        (["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "laplace", "--epsilon", "1"], 0),
+        (["privatize", d / "small.csv", "-o", tmp_path / "o.csv", "--label-column", "y", "--params",
+          d / "laplace.json", "--quiet"], 0),
+        # the warning comes before any work: an option refused later still shows it
+        (["privatize-table", d / "small.csv", "-o", tmp_path / "t.csv", "--label-column", "y", "--range", "0", "1",
+          "--epsilon", "1", "--epochs", "3"], 2),
+    ):
+        got, out, err = run([*argv, "--seed", "3"], capsys)
+        assert got == code, err
+        lines = err.splitlines()
+        assert lines[0] == f"rpwjax {argv[0]}: {warning} (--seed 3 is for experiments; a release takes --key-file " \
+                           "or fresh OS entropy)", err
+        assert sum(warning in line for line in lines) == 1 and len(lines) == 1 + (code != 0), err
+        for written in tmp_path.iterdir():
+            written.unlink()
+        got, out, err = run(argv, capsys)  # without a seed: no warning
+        assert got == code and warning not in err, err
+
+
+def test_fit_json_prints_one_line_per_epsilon(data, capsys):
+    d, _ = data
+    for epsilons in (["1"], ["0.5", "1"]):
+        code, out, err = run(["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "laplace",
+                              "--epsilon", *epsilons, "--json"], capsys)
+        assert code == 0, err
+        assert len(out.splitlines()) == len(epsilons)
+        assert [r["epsilon"] for r in json_lines(out)] == [float(e) for e in epsilons]
 
 
 @pytest.mark.slow
@@ -407,7 +480,7 @@ def test_private_prior_is_the_default_for_fit_and_privatize(data, tmp_path, caps
     code, out, err = run(["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "rpwithprior",
                           "--epsilon", "1", "--json"], capsys)
     assert code == 0, err
-    record = json.loads(out)[0]
+    record = json_lines(out)[0]
     assert record["prior"]["kind"] == "private-histogram" and record["epsilon_prior"] > 0
     assert record["epsilon_prior"] + record["epsilon_mechanism"] == pytest.approx(record["epsilon"])
     out_path = tmp_path / "o.csv"
@@ -465,7 +538,7 @@ def test_multi_epsilon_fit_reports_each_epsilon_and_the_total_once(data, capsys)
     code, out, err = run(["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "rpwithprior",
                           "--epsilon", *epsilons, "--key-file", d / "key", "--json"], capsys)
     assert code == 0, err
-    records = json.loads(out)
+    records = json_lines(out)
     assert [r["epsilon"] for r in records] == epsilons
     for r in records:
         assert r["epsilon_prior"] + r["epsilon_mechanism"] == pytest.approx(r["epsilon"])
@@ -483,7 +556,7 @@ def test_multi_epsilon_fit_reports_each_epsilon_and_the_total_once(data, capsys)
     code, out, err = run(["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "rpwithprior",
                           "--epsilon", *epsilons, "--prior", "empirical", "--json"], capsys)
     assert code == 0, err
-    total = json.loads(out)[0]["all_records"]
+    total = json_lines(out)[0]["all_records"]
     assert total["epsilon_prior_total"] == 0 and total["empirical_prior"] is True
 
 
