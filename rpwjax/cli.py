@@ -157,13 +157,14 @@ def _secret(args):
     return secret
 
 
-def _release_run(args, command: str, input_path, label_column, settings: dict, row_offset: int = 0):
+def _release_run(args, command: str, input_path, label_column, settings: dict, row_offset: int = 0,
+                 what: str = "input file"):
     """The command's release: its secret bound to a release id, and its ledger record (rpwjax.privatize.ReleaseRun)."""
     from rpwjax.privatize import ReleaseRun
 
     return ReleaseRun(secret=_secret(args), command=command, input_path=input_path, label_column=label_column,
                       settings=settings, release_id=args.release_id, row_offset=row_offset, ledger_file=args.ledger,
-                      key_file=args.key_file, budget=args.budget)
+                      key_file=args.key_file, budget=args.budget, what=what)
 
 
 def _fit_settings(args) -> dict:
@@ -209,7 +210,7 @@ def cmd_fit(args) -> int:
     elif args.overwrite:
         raise InputError("--overwrite does nothing without --save (fit writes no other file)")
     lo, hi = check_range(*args.range)
-    run = _release_run(args, "fit", args.labels, args.label_column, _fit_settings(args))
+    run = _release_run(args, "fit", args.labels, args.label_column, _fit_settings(args), what="labels file")
     labels = io.read_labels(args.labels, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
     secret = run.secret
     result = _fit(args, labels, args.epsilon if len(args.epsilon) > 1 else args.epsilon[0], secret.child("fit"))
@@ -294,6 +295,8 @@ def cmd_privatize(args) -> int:
     # the output and its sidecar, before anything is read or fitted (the ledger too: it is appended, never replaced)
     io.check_outputs([args.output, str(args.output) + ".json"], overwrite=args.overwrite,
                      inputs=[args.input, args.params, args.key_file, ledger_path(args.ledger, args.key_file)])
+    if args.range is not None:
+        check_range(*args.range)  # before it joins the release's identity
     settings = dict(_fit_settings(args), denoise=args.denoise,
                     params=None if not args.params else file_sha256(args.params, "params file"))
     run = _release_run(args, "privatize", args.input, args.label_column, settings, row_offset=args.row_offset)
@@ -443,11 +446,13 @@ def _pipeline_names() -> list[str]:
 
 def cmd_privatize_table(args) -> int:
     from rpwjax import io
-    from rpwjax.pipelines.table import privatize_table
+    from rpwjax.errors import check_range
     from rpwjax.ledger import ledger_path
+    from rpwjax.pipelines.table import privatize_table
 
     io.check_outputs([args.output, str(args.output) + ".json"], overwrite=args.overwrite,
                      inputs=[args.input, args.key_file, ledger_path(args.ledger, args.key_file)])
+    check_range(*args.range)
     # the same identity privatize_table binds an unbound secret to, so that the Python call reproduces this release
     settings = {"pipeline": args.pipeline, "epsilon": float(args.epsilon), "range": [float(v) for v in args.range],
                 "epochs": args.epochs, "clip": args.clip}

@@ -68,15 +68,19 @@ def file_sha256(path, what: str = "input file") -> str:
     except FileNotFoundError:
         raise InputError(f"{what} {str(p)!r} not found") from None
     except IsADirectoryError:
-        raise InputError(f"{what} {str(p)!r} is a directory, not a file") from None
+        raise InputError(f"{what} {str(p)!r} is a directory: give a file") from None
     except OSError as err:
         raise InputError(f"{what} {str(p)!r} cannot be read ({err.strerror or err})") from None
 
 
-def input_record(path) -> dict:
+def input_record(path, what: str = "input file") -> dict:
     """Name, absolute path, size and SHA-256 of an input file's bytes (how the ledger knows an input again)."""
     p = Path(path)
-    digest = file_sha256(p)
+    if p.is_dir():
+        raise InputError(f"{what} {str(p)!r} is a directory: give a file")
+    if not p.is_file():
+        raise InputError(f"{what} not found: {str(p)!r}")
+    digest = file_sha256(p, what)
     return {"name": p.name, "path": str(p.resolve()), "size": p.stat().st_size, "sha256": digest}
 
 
@@ -188,7 +192,7 @@ def _check(records, record, budget) -> dict:
     if budget is not None and total > float(budget) * (1 + 1e-12):
         raise InputError(
             f"--budget {float(budget):g}: this release (epsilon {spent:g}) would take input "
-            f"{record['input']['name']!r} (label {record['label_column']!r}) to a total epsilon of {total:g} "
+            f"{_input_name(record)[6:]} to a total epsilon of {total:g} "
             f"(already spent {total - spent:g} in {len(before['releases']) if before else 0} releases); nothing was "
             "written")
     return {"previous_releases": len(before["releases"]) if before else 0, "epsilon_total": total,
@@ -240,14 +244,19 @@ def commit(path, record: dict, budget=None) -> dict:
     return status
 
 
+def _input_name(record) -> str:
+    column = "" if record["label_column"] is None else f" (label {record['label_column']!r})"
+    return f"input {record['input']['name']!r}{column}"
+
+
 def status_line(path, record: dict, status: dict) -> str | None:
-    """The line a release prints when its input was already in the ledger (None for a first release)."""
+    """The line a release prints when it adds to an input already in the ledger (None otherwise)."""
     if status["reproduced"]:
-        return (f"ledger {str(path)}: release {record['release_id']} reproduced; input {record['input']['name']!r} "
-                f"(label {record['label_column']!r}) stays at epsilon {status['epsilon_total']:g}")
-    if not status["previous_releases"]:
+        return (f"ledger {str(path)}: release {record['release_id']} reproduced; {_input_name(record)} stays at "
+                f"epsilon {status['epsilon_total']:g}")
+    if not status["previous_releases"] or (not record["epsilon"] and not record["delta"]):
         return None
-    return (f"ledger {str(path)}: input {record['input']['name']!r} (label {record['label_column']!r}) has now spent "
+    return (f"ledger {str(path)}: {_input_name(record)} has now spent "
             f"epsilon {status['epsilon_total']:g}"
             + (f", delta {status['delta_total']:g}" if status["delta_total"] else "")
             + f" in {status['previous_releases'] + 1} releases (basic composition)")

@@ -79,13 +79,14 @@ class ReleaseRun:
     """
 
     def __init__(self, *, secret: Secret, command: str, input_path, label_column, settings: dict,
-                 release_id=None, row_offset: int = 0, ledger_file=None, key_file=None, budget=None):
+                 release_id=None, row_offset: int = 0, ledger_file=None, key_file=None, budget=None,
+                 what: str = "input file"):
         self.root = check_secret(secret)
         if self.root.release_id is not None:
             raise InputError("a command's release starts from the unbound secret (a key file or OS entropy)")
         self.budget = ledger.check_budget(budget)
         identity = dict(command=command, label_column=label_column, settings=settings)
-        source = ledger.input_record(input_path)
+        source = ledger.input_record(input_path, what)
         if release_id is None and self.root.reproducible:
             # an integer seed (experiments) reproduces a run: its id follows from the seed, the input and the settings
             release_id = self.root.digest("release-id/" + canonical_json(dict(identity, input=source["sha256"],

@@ -54,12 +54,13 @@ def test_fit_json_has_the_contract_fields(files, capsys):
 
 def test_fit_reads_text_and_parquet_labels_alike(files, capsys):
     d, _ = files
-    # the default private prior draws histogram noise: the same key file makes both fits draw the same noise
+    # the empirical prior is a function of the labels read and nothing else (two fits are two releases: a private
+    # histogram would draw independent noise for each)
     common = ["--range", "0", "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--zeta", "0.05", "--json",
-              "--key-file", str(d / "key")]
+              "--prior", "empirical", "--prior-is-public"]
     _, a, _ = run(["fit", "--labels", str(d / "labels.txt"), *common], capsys)
     _, b, _ = run(["fit", "--labels", str(d / "t.parquet"), "--label-column", "value", *common], capsys)
-    assert json_lines(a)[0]["prior"]["kind"] == "private-histogram"
+    assert json_lines(a)[0]["prior"]["kind"] == "empirical"
     ra, rb = json_lines(a)[0]["params"], json_lines(b)[0]["params"]
     assert ra["A1"] == pytest.approx(rb["A1"], abs=1e-12) and ra["A2"] == pytest.approx(rb["A2"], abs=1e-12)
 
@@ -118,8 +119,9 @@ def test_privatize_is_independent_of_chunk_size_and_reproducible(files, tmp_path
     outs = []
     for chunk in (5000, 777, 65536):
         out = tmp_path / f"o{chunk}.parquet"
+        again = ["--release-id", json.loads((tmp_path / "o5000.parquet.json").read_text())["release_id"]] if outs else []
         code, _, err = run(["privatize", str(d / "t.parquet"), "-o", str(out), "--label-column", "value",
-                            "--key-file", str(d / "key"),
+                            "--key-file", str(d / "key"), *again,
                             "--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1", "--zeta", "0.05",
                             "--chunk-rows", str(chunk), "--quiet"], capsys)
         assert code == 0, err

@@ -53,6 +53,6 @@ def test_release_after_the_parent_uses_the_subclass_sampler():
     base = fit_example("laplace", 1.0)
     secret = Secret.from_seed(5)
     honest = release(base, secret, np.full(8, 0.5))
-    pinned = type("Pinned", (Laplace,), {"sample_from_uniform": lambda self, u, y: jnp.zeros_like(y) + self.lo})
+    pinned = type("Pinned", (Laplace,), {"sample_from_uniform": lambda self, u, y: jnp.zeros_like(u + y) + self.lo})
     out = release(pinned(base.epsilon, base.scale, base.lo, base.hi), secret, np.full(8, 0.5))
     assert np.all(out == base.lo) and not np.all(honest == base.lo)
