@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from rpwjax.mechanisms.base import Mechanism, label_mse_grid
-from rpwjax.errors import InputError, check_choice, check_epsilon, check_range  # noqa: F401 (InputError re-exported)
+from rpwjax.errors import InputError, check_choice, check_epsilon, check_labels, check_range  # noqa: F401 (InputError re-exported)
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import MECHANISMS, entry, mechanism_names  # noqa: F401 (MECHANISMS, mechanism_names re-exported)
 from rpwjax.priors import Prior, empirical_prior, private_histogram
@@ -162,6 +162,8 @@ def fit(
     lo, hi = check_range(*range)
     eps = check_epsilon(epsilon)
     grid = np.atleast_1d(eps)
+    if labels is not None:  # checked even where the fit does not read them (a prior-free mechanism)
+        labels = check_labels(labels, lo, hi, clip=clip)
 
     if isinstance(prior, Prior):
         prior_obj, kind, eps1 = prior, prior.kind, np.zeros_like(grid)

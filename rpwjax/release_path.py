@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rpwjax.mechanisms.base import Mechanism
-from rpwjax.errors import InputError
+from rpwjax.errors import InputError, check_labels
 from rpwjax.keys import Secret
 
 BLOCK_ROWS = 1 << 16
@@ -130,13 +130,15 @@ def _per_row(params: Mechanism, n: int) -> bool:
 
 
 def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpose: str = "labels",
-            output_spec: dict | None = None) -> np.ndarray:
+            output_spec: dict | None = None, clip: bool = False) -> np.ndarray:
     """Released values for ``labels`` at global rows ``start, start + 1, ...`` (float64).
 
     Row ``i`` always gets the same uniform for the same secret and purpose,
     whatever the chunking, the device count or the shard offsets, so shards
-    concatenate to the single-run output. Labels must already be validated
-    (finite, inside the public range); ``params`` holds one ε, with scalar
+    concatenate to the single-run output. Labels must be finite and inside
+    the public range ``[params.lo, params.hi]`` (an :class:`InputError` naming
+    the first bad label and its index otherwise), or ``clip=True`` clips those
+    outside it (no privacy cost); ``params`` holds one ε, with scalar
     leaves or one leaf value per row. ``output_spec`` is ``spec(params)``,
     when a caller releasing many chunks with the same parameters computed it
     once.
@@ -149,6 +151,7 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     y = np.asarray(labels, dtype=np.float64).ravel()
     if y.size == 0:
         return y
+    y = check_labels(y, float(np.min(params.lo)), float(np.max(params.hi)), clip=clip)
     per_row = _per_row(params, y.size)
     s = spec(params) if output_spec is None else output_spec
     offset = start % BLOCK_ROWS

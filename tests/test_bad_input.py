@@ -1,4 +1,5 @@
-"""Files, row numbers, exit codes and leftovers of ``rpwjax privatize``, ``fit`` and ``privatize-table``.
+"""Files, row numbers, exit codes and leftovers of ``rpwjax privatize``, ``fit`` and ``privatize-table``; bad labels
+at the Python API's entry points.
 
 Every case asserts the exit code (2: bad input, 1: I/O, 130/143: SIGINT/SIGTERM),
 the one-line message (the problem and the value), the row (the 1-based data row
@@ -24,6 +25,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rpwjax import cli
+from rpwjax.errors import InputError
+from rpwjax.pipelines import PIPELINES
 from helpers import fixed_key, run, slow_unless
 
 
@@ -322,6 +325,63 @@ def test_fit_bad_input(tmp_path, capsys, case, name, content, options, fragments
     for fragment in fragments:
         assert fragment in err, (fragment, err)
     assert listing(tmp_path) == [name]
+
+
+# --------------------------------------------------------------------------- the Python API
+
+def _api_entry_points():
+    """Every public function that takes raw labels: ``name -> call(labels)`` (release and fit laplace also ``clip``)."""
+    import rpwjax
+
+    laplace = rpwjax.fit("laplace", [0.5], range=(0.0, 1.0), epsilon=1.0, seed=0)
+    secret = rpwjax.Secret.from_seed(0)
+    features = np.linspace(0.0, 1.0, 40)[:, None]
+    calls = {
+        "release": lambda y, clip=False: rpwjax.release(laplace.params, secret, y, clip=clip),
+        "release_grid": lambda y: rpwjax.release_grid(laplace.params, secret, y),
+        # Laplace does not read the labels to fit: they are checked all the same
+        "fit laplace": lambda y, clip=False: rpwjax.fit("laplace", y, range=(0.0, 1.0), epsilon=1.0, seed=0,
+                                                        clip=clip),
+        "fit rpwithprior": lambda y: rpwjax.fit("rpwithprior", y, range=(0.0, 1.0), epsilon=1.0, seed=0),
+        "fit empirical": lambda y: rpwjax.fit("rpwithprior", y, range=(0.0, 1.0), epsilon=1.0, prior="empirical"),
+        "empirical_prior": lambda y: rpwjax.empirical_prior(y, 0.0, 1.0),
+        "private_histogram": lambda y: rpwjax.private_histogram(y, 0.0, 1.0, 0.5, bins=8, secret=secret),
+    }
+    for name, row in PIPELINES.items():
+        calls[f"pipeline {name}"] = (lambda row: lambda y: row.run(features, y, 0.0, 1.0, 1.0, secret=secret,
+                                                                   epochs=1))(row)
+    return calls
+
+
+BAD_LABELS = [(np.nan, "labels must be finite, got labels[7]=nan"),
+              (np.inf, "labels must be finite, got labels[7]=inf"),
+              (-np.inf, "labels must be finite, got labels[7]=-inf"),
+              (1.5, "labels must lie in the public range [0.0, 1.0], got labels[7]=1.5")]
+API_ENTRY_POINTS = ["release", "release_grid", "fit laplace", "fit rpwithprior", "fit empirical", "empirical_prior",
+                    "private_histogram", *(f"pipeline {name}" for name in PIPELINES)]
+
+
+@pytest.mark.parametrize("entry_point", slow_unless(API_ENTRY_POINTS, fast=["release", "fit laplace", "pipeline auto"]))
+@pytest.mark.parametrize("bad, message", BAD_LABELS, ids=["nan", "inf", "-inf", "outside"])
+def test_python_entry_points_refuse_bad_labels_naming_the_value_and_the_row(entry_point, bad, message):
+    y = np.full(40, 0.5)
+    y[7] = bad
+    with pytest.raises(InputError) as err:
+        _api_entry_points()[entry_point](y)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_clip_true_clips_labels_outside_the_range_and_never_a_non_finite_one():
+    calls = _api_entry_points()
+    y = np.full(40, 0.5)
+    y[7] = 1.5
+    inside = np.clip(y, 0.0, 1.0)
+    np.testing.assert_array_equal(calls["release"](y, clip=True), calls["release"](inside))
+    assert calls["fit laplace"](y, clip=True).records() == calls["fit laplace"](inside).records()
+    y[7] = np.nan
+    for name in ("release", "fit laplace"):
+        with pytest.raises(InputError, match=r"labels must be finite, got labels\[7\]=nan"):
+            calls[name](y, clip=True)
 
 
 @pytest.mark.slow
