@@ -175,6 +175,14 @@ def cmd_fit(args) -> int:
     if args.range is None:
         raise InputError("--range LO HI is required: the label range is public input, never read from the labels")
     _check_fit_options(args, spend_prior=False)
+    if args.prior == "empirical" and (args.save or args.json) and not args.prior_is_public:
+        output = " and ".join(flag for flag, given in (("--save", args.save), ("--json", args.json)) if given)
+        raise InputError(
+            f"--prior empirical with {output} publishes functions of the raw labels (the parameters and label_mse "
+            "under their empirical distribution): private only if that prior is public. Say so with "
+            "--prior-is-public, or use --prior private (the default)")
+    if args.prior_is_public and args.prior != "empirical":
+        raise InputError("--prior-is-public does nothing without --prior empirical")
     lo, hi = check_range(*args.range)
     labels = io.read_labels(args.labels, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
     secret = _secret(args)
@@ -480,6 +488,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_secret_options(p, "private histogram's noise")
     p.add_argument("--save", default=None, help="write the fit (exactly one epsilon) to this JSON file")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per epsilon")
+    p.add_argument("--prior-is-public", action="store_true",
+                   help="with --prior empirical and --save or --json (which publish functions of the raw labels): "
+                        "the user vouches that the labels' empirical distribution is public; without it they are "
+                        "refused. The plain printout is for the operator's terminal and needs no flag")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("keygen", help="write a fresh 256-bit secret (64 hex characters) for --key-file")

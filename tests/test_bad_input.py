@@ -312,6 +312,13 @@ FIT_CASES = [
       "no public grid keeps"]),
     ("--save of rpwithprior at epsilon 100", "l.txt", b"0.5\n", ["--epsilon", "100"],
      ["--save: these parameters cannot be released: ", "rpwithprior: epsilon=90 is too large for a certified float64"]),
+    # --save and --json publish functions of the raw labels under an empirical prior: only if it is declared public
+    ("--save under an empirical prior", "l.txt", b"0.5\n", ["--prior", "empirical"],
+     ["--prior empirical with --save publishes functions of the raw labels", "--prior-is-public"]),
+    ("--json under an empirical prior", "l.txt", b"0.5\n", ["--prior", "empirical", "--json"],
+     ["--prior empirical with --save and --json publishes functions of the raw labels", "--prior-is-public"]),
+    ("--prior-is-public without --prior empirical", "l.txt", b"0.5\n", ["--prior-is-public"],
+     ["--prior-is-public does nothing without --prior empirical"]),
 ]
 
 
@@ -325,6 +332,18 @@ def test_fit_bad_input(tmp_path, capsys, case, name, content, options, fragments
     for fragment in fragments:
         assert fragment in err, (fragment, err)
     assert listing(tmp_path) == [name]
+
+
+def test_fit_json_under_an_empirical_prior_needs_prior_is_public_and_the_printout_does_not(tmp_path, capsys):
+    (tmp_path / "l.txt").write_bytes(b"0.25\n0.5\n")
+    fit = ["fit", "--labels", tmp_path / "l.txt", "--range", "0", "1", "--mechanism", "laplace", "--epsilon", "1",
+           "--prior", "empirical"]
+    code, out, err = run([*fit, "--json"], capsys)
+    assert code == 2 and out == "" and "--prior empirical with --json publishes functions of the raw labels" in err
+    code, out, err = run([*fit, "--json", "--prior-is-public"], capsys)
+    assert code == 0 and json.loads(out)[0]["prior"]["public_prior_required"] is True, err
+    code, out, err = run(fit, capsys)  # the plain printout is the operator's, on the terminal
+    assert code == 0 and out.startswith("laplace epsilon=1"), err
 
 
 # --------------------------------------------------------------------------- the Python API

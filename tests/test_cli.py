@@ -319,7 +319,7 @@ def test_privatize_with_posterior_denoising(files, tmp_path, capsys):
     # an empirical prior is never saved, so a saved known-prior fit cannot be denoised later
     known = tmp_path / "known.json"
     assert run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
-                "--epsilon", "1", "--prior", "empirical", "--save", str(known)], capsys)[0] == 0
+                "--epsilon", "1", "--prior", "empirical", "--prior-is-public", "--save", str(known)], capsys)[0] == 0
     assert "masses" not in json.loads(known.read_text())["prior"]
     code, _, err = run(["privatize", str(d / "t.parquet"), "-o", str(tmp_path / "x.parquet"), "--label-column",
                         "value", "--prior-is-public", "--params", str(known), "--denoise", "posterior", "--quiet"],

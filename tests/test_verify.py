@@ -41,7 +41,7 @@ def saved_fit(d, name):
     path = d / f"{name}.json"
     if not path.exists():
         if name == "empirical":
-            options = ["--mechanism", "rpwithprior", "--epsilon", "1", "--prior", "empirical"]
+            options = ["--mechanism", "rpwithprior", "--epsilon", "1", "--prior", "empirical", "--prior-is-public"]
         elif name == "seeded":
             options = ["--mechanism", "rr-on-bins", "--epsilon", "2", "--seed", "7"]
         else:
