@@ -293,8 +293,9 @@ def cmd_privatize(args) -> int:
             )
         posterior_mean(params, prior, [params.lo])  # fail before any output if this pair has no posterior
         postprocess = lambda noisy: posterior_mean(params, prior, noisy)  # noqa: E731
-    if record.get("prior", {}).get("kind") == "empirical":
-        record = dict(record, prior_is_public="asserted by the user (--prior-is-public)")
+    if record.get("prior", {}).get("kind") in ("empirical", "histogram"):  # no accounted release behind the prior
+        record = dict(record, prior_is_public="asserted by the user (--prior-is-public): the guarantee holds only if "
+                                              "the prior is public")
     privatize_file(
         args.input,
         args.output,
