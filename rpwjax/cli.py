@@ -254,6 +254,8 @@ def cmd_privatize(args) -> int:
     io.file_kind(args.output, what="output file")
     secret = _secret(args)
     prior = None
+    if args.denoise == "debias" and args.mechanism is not None:
+        _check_debias(args.mechanism)  # before any fit
     if args.params:
         if args.mechanism is not None or args.epsilon is not None:
             raise InputError("give either --params or fit options (--mechanism/--epsilon), not both")
@@ -281,7 +283,15 @@ def cmd_privatize(args) -> int:
         result = _fit(args, labels, args.epsilon, secret.child("fit"))
         params, record = result.params, result.records()[0]
         prior = result.prior_for(0)
-    postprocess = None
+    postprocess = postprocess_name = postprocess_range = None
+    if args.denoise == "debias":
+        from rpwjax.posterior import debias, debias_record
+
+        _check_debias(params.name)
+        coefficients = debias_record(params)
+        record = dict(record, debias=coefficients)
+        postprocess = lambda noisy: debias(params, noisy)  # noqa: E731
+        postprocess_name, postprocess_range = "debias", coefficients["range"]
     if args.denoise == "posterior":
         from rpwjax.posterior import posterior_mean
 
@@ -293,6 +303,8 @@ def cmd_privatize(args) -> int:
             )
         posterior_mean(params, prior, [params.lo])  # fail before any output if this pair has no posterior
         postprocess = lambda noisy: posterior_mean(params, prior, noisy)  # noqa: E731
+        # a posterior mean lies in the range
+        postprocess_name, postprocess_range = "posterior-mean", (params.lo, params.hi)
     if record.get("prior", {}).get("kind") in ("empirical", "histogram"):  # no accounted release behind the prior
         record = dict(record, prior_is_public="asserted by the user (--prior-is-public): the guarantee holds only if "
                                               "the prior is public")
@@ -308,11 +320,33 @@ def cmd_privatize(args) -> int:
         progress=not args.quiet,
         row_offset=args.row_offset,
         postprocess=postprocess,
-        postprocess_name="posterior-mean" if postprocess else None,
-        postprocess_range=(params.lo, params.hi) if postprocess else None,  # a posterior mean lies in the range
+        postprocess_name=postprocess_name,
+        postprocess_range=postprocess_range,
         encoding=args.encoding,
     )
     return 0
+
+
+DEBIAS_REFUSALS = {
+    "laplace": "it adds zero-mean noise to clip(y, lo, hi), so its release is already unbiased for the clipped label "
+               "(up to the public clamp of its output range): there is nothing to debias",
+    "gaussian": "it adds zero-mean noise to clip(y, lo, hi), so its release is already unbiased for the clipped label "
+                "(up to the public clamp of its output range): there is nothing to debias",
+    "staircase": "it adds zero-mean noise to clip(y, lo, hi), so its release is already unbiased for the clipped "
+                 "label (up to the public clamp of its output range): there is nothing to debias",
+    "unbiased": "its release is unbiased for the label by construction: there is nothing to debias",
+    "rr-on-bins": "it has no closed-form debiasing: its outputs are the bins' representatives, so E[released | y] "
+                  "depends on y only through its bin",
+}
+
+
+def _check_debias(mechanism: str):
+    """``--denoise debias`` is RPWithPrior's (y~ - b)/a; every other mechanism is refused, saying why."""
+    from rpwjax.errors import InputError
+
+    if mechanism != "rpwithprior":
+        raise InputError(f"--denoise debias applies to --mechanism rpwithprior only, got {mechanism}: "
+                         f"{DEBIAS_REFUSALS[mechanism]}")
 
 
 def _sweep(split, config, out_dir, quiet) -> int:
@@ -513,8 +547,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
                    help=f"rows per chunk, 1 to {MAX_CHUNK_ROWS} (default {DEFAULT_CHUNK_ROWS}; output does not "
                         "depend on it)")
-    p.add_argument("--denoise", choices=["none", "posterior"], default="none",
-                   help="posterior: write E[Y | private label] under the fit's prior (post-processing, no privacy cost)")
+    p.add_argument("--denoise", choices=["none", "posterior", "debias"], default="none",
+                   help="posterior: write E[Y | private label] under the fit's prior; debias (rpwithprior only): write "
+                        "(y~ - b)/a, unbiased for clip(y, A1, A2) (both post-processing, no privacy cost)")
     p.add_argument("--row-offset", type=int, default=0,
                    help="global index of the first row, when INPUT is one shard of a larger data set (default 0); "
                         "offset + rows must not pass 2^63")

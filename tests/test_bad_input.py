@@ -140,6 +140,14 @@ PRIVATIZE_CASES = [
      ["--prior-epsilon 0.1 does nothing for --mechanism gaussian"]),
     ("--bins with --params", b"id,y\n1,0.5\n", ["--bins", "8"], 2, ["--bins 8 does nothing with --params"]),
     ("--zeta with --params", b"id,y\n1,0.5\n", ["--zeta", "0.1"], 2, ["--zeta 0.1 does nothing with --params"]),
+    ("--denoise debias for laplace", b"id,y\n1,0.5\n", LAPLACE + ["--denoise", "debias"], 2,
+     ["--denoise debias applies to --mechanism rpwithprior only, got laplace", "already unbiased"]),
+    ("--denoise debias for rr-on-bins", b"id,y\n1,0.5\n",
+     ["--mechanism", "rr-on-bins", "--epsilon", "1", "--range", "0", "1", "--denoise", "debias"], 2,
+     ["got rr-on-bins: it has no closed-form debiasing"]),
+    ("--denoise debias for unbiased", b"id,y\n1,0.5\n",
+     ["--mechanism", "unbiased", "--epsilon", "1", "--range", "0", "1", "--denoise", "debias"], 2,
+     ["got unbiased: its release is unbiased for the label by construction"]),
     ("--prior-is-public with a private prior", b"id,y\n1,0.5\n", ["--prior-is-public"], 2,
      ["--prior-is-public does nothing here"]),
     ("--prior-is-public inline without --prior empirical", b"id,y\n1,0.5\n", INLINE + ["--prior-is-public"], 2,
@@ -148,8 +156,10 @@ PRIVATIZE_CASES = [
      ["label 1.5 in column 'y' lies outside the public range [0.0, 1.0], at data row 2 (line 3)"]),
     ("inline fit: Latin-1 label", b"id,y\n1,0.5\xe9\n", INLINE, 2, ["not valid utf-8: byte 0xe9 in column 'y'"]),
 ]
-# the fast subset: a saved fit refusing a bad file, an option refused inline, an inline fit refusing a label
-PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fit: label outside the range")
+# the fast subset: a saved fit refusing a bad file, an option refused inline, an inline fit refusing a label, a
+# mechanism refused for --denoise debias
+PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fit: label outside the range",
+                  "--denoise debias for laplace")
 
 
 @pytest.mark.parametrize("case, content, options, code, fragments", slow_unless(
