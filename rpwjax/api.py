@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from rpwjax.mechanisms.base import Mechanism, label_mse_grid
-from rpwjax.errors import InputError, check_choice, check_epsilon, check_range  # noqa: F401 (InputError re-exported)
+from rpwjax.errors import InputError, check_choice, check_epsilon, check_labels, check_range  # noqa: F401 (InputError re-exported)
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import MECHANISMS, entry, mechanism_names  # noqa: F401 (MECHANISMS, mechanism_names re-exported)
 from rpwjax.priors import Prior, empirical_prior, private_histogram
@@ -162,6 +162,8 @@ def fit(
     lo, hi = check_range(*range)
     eps = check_epsilon(epsilon)
     grid = np.atleast_1d(eps)
+    if labels is not None:  # checked even where the fit does not read them (a prior-free mechanism)
+        labels = check_labels(labels, lo, hi, clip=clip)
 
     if isinstance(prior, Prior):
         prior_obj, kind, eps1 = prior, prior.kind, np.zeros_like(grid)
@@ -272,6 +274,80 @@ def load_params(record: dict) -> tuple[Mechanism, dict]:
     if params.batch_shape != ():
         raise InputError(f"a params file must hold parameters for one epsilon, got shape {params.batch_shape}")
     return params, record
+
+
+ACCOUNTED_PRIOR = "private-histogram"  # the one prior kind with a private release (ε₁ > 0) behind it
+REFIT_TOLERANCE = 1e-9  # relative: a saved number and its refit agree to this (float rounding across machines)
+REFIT_ABSOLUTE = 1e-12  # plus this, for numbers that are zero up to rounding (an LP's optimality gap)
+
+
+def _refit_options(name: str, fields: dict) -> list[dict]:
+    """The fit options a record states, as keyword sets to try in order (the first that reproduces it wins).
+
+    ζ of RPWithPrior is tried as ``"auto"`` first (the default, recomputed from the prior) and then as the saved
+    number (a public option given at fit time, ``--zeta``); the Gaussian's δ and calibration and the Staircase's γ
+    rule (or a given γ) are public options. RR-on-Bins, Unbiased and Laplace take none (Unbiased: its defaults, the
+    only ones ``rpwjax fit`` offers)."""
+    if name == "rpwithprior":
+        objective = fields.get("objective", "neighborhood")
+        return [{"zeta": "auto", "objective": objective}, {"zeta": fields["zeta"], "objective": objective}]
+    if name == "gaussian":
+        return [{"delta": fields["delta"], "calibration": fields["calibration"]}]
+    if name == "staircase":
+        rule = fields["gamma_rule"]
+        return [{"gamma": fields["gamma"] if rule == "given" else rule}]
+    return [{}]
+
+
+def refit_record(record) -> tuple[FitResult | None, str]:
+    """Fit again what a saved record says it is: ``(result, how)``.
+
+    Fitting is deterministic given the prior, so the saved histogram (or, for a mechanism that uses no prior,
+    the public range alone) and the saved options (mechanism, ε₂ = ``params.epsilon``, ζ and objective, δ and
+    calibration, the range) give the parameters the file must hold. The saved masses are used exactly as written
+    (the fit's own prior; renormalising them would move their last bits, and an interval search can amplify
+    that). The accounting is recomputed, not read: ε₂ is the refit's,
+    ε₁ is the saved ``epsilon_prior`` only for a ``private-histogram`` prior (the one kind with a private release
+    behind it; its noise is secret) and 0 otherwise, ε = ε₁ + ε₂. Returns ``(None, reason)`` when the parameters
+    cannot be recomputed: a mechanism fitted to an empirical prior, which is never saved. Raises
+    :class:`InputError` (or ``KeyError``/``TypeError``/``ValueError`` on a malformed record) when the options
+    cannot be read.
+    """
+    record = one_record(record)
+    row = entry(record["mechanism"])
+    saved = record.get("prior") or {}
+    kind = saved.get("kind")
+    fields = record["params"]
+    lo, hi = check_range(fields["lo"], fields["hi"])
+    eps2 = float(check_epsilon(fields["epsilon"], "params.epsilon"))
+    prior = prior_from_record(record)
+    if prior is not None:
+        prior = dataclasses.replace(prior, mass=np.asarray(saved["masses"], np.float64))
+    if prior is None and row.uses_prior:
+        return None, (f"the {row.name} parameters were fitted to an empirical prior, which is never saved: they cannot "
+                      "be recomputed, so the release holds only if that prior is public")
+    fit_prior = prior if prior is not None else Prior(np.array([lo]), np.array([hi]), np.array([1.0]), lo, hi, False,
+                                                      "none")
+    eps1 = float(record.get("epsilon_prior", 0.0)) if kind == ACCOUNTED_PRIOR else 0.0
+    attempts = _refit_options(row.name, fields)
+    for i, options in enumerate(attempts):
+        params, info = row.fit(fit_prior, eps2, **options)
+        if i == len(attempts) - 1 or _same_zeta(params, fields):
+            break
+    mse = np.asarray(label_mse_grid(params, prior)) if prior is not None else _prior_free_mse(params)
+    result = FitResult(
+        mechanism=row.name, params=params, epsilon=np.asarray(eps1 + eps2), epsilon_prior=np.asarray(eps1),
+        epsilon_mechanism=np.asarray(eps2), delta=np.asarray(getattr(params, "delta", 0.0), np.float64),
+        prior=kind, bins=saved.get("bins") if kind == ACCOUNTED_PRIOR else None, lo=lo, hi=hi, label_mse=mse,
+        info=info, prior_used=prior)
+    how = "the saved prior and options" if prior is not None else "the saved options and range (no prior used)"
+    return result, how
+
+
+def _same_zeta(params, fields: dict) -> bool:
+    """Whether ζ = "auto" reproduced the saved ζ (to :data:`REFIT_TOLERANCE`)."""
+    saved, refit = float(fields["zeta"]), float(np.asarray(params.zeta))
+    return abs(saved - refit) <= REFIT_TOLERANCE * max(abs(saved), abs(refit)) + REFIT_ABSOLUTE
 
 
 def records_total(records) -> dict:

@@ -204,6 +204,14 @@ def cmd_fit(args) -> int:
     from rpwjax.ledger import ledger_path
 
     _check_fit_options(args, spend_prior=False)
+    if args.prior == "empirical" and (args.save or args.json) and not args.prior_is_public:
+        output = " and ".join(flag for flag, given in (("--save", args.save), ("--json", args.json)) if given)
+        raise InputError(
+            f"--prior empirical with {output} publishes functions of the raw labels (the parameters and label_mse "
+            "under their empirical distribution): private only if that prior is public. Say so with "
+            "--prior-is-public, or use --prior private (the default)")
+    if args.prior_is_public and args.prior != "empirical":
+        raise InputError("--prior-is-public does nothing without --prior empirical")
     if args.save:  # before the labels are read
         io.check_outputs([args.save], overwrite=args.overwrite,
                          inputs=[args.labels, args.key_file, ledger_path(args.ledger, args.key_file)])
@@ -302,6 +310,8 @@ def cmd_privatize(args) -> int:
     run = _release_run(args, "privatize", args.input, args.label_column, settings, row_offset=args.row_offset)
     secret = run.secret
     prior = None
+    if args.denoise == "debias" and args.mechanism is not None:
+        _check_debias(args.mechanism)  # before any fit
     if args.params:
         if args.mechanism is not None or args.epsilon is not None:
             raise InputError("give either --params or fit options (--mechanism/--epsilon), not both")
@@ -334,7 +344,15 @@ def cmd_privatize(args) -> int:
         params, record = result.params, result.records()[0]
         prior = result.prior_for(0)
         run.record["delta"] = float(record["delta"])
-    postprocess = None
+    postprocess = postprocess_name = postprocess_range = None
+    if args.denoise == "debias":
+        from rpwjax.posterior import debias, debias_record
+
+        _check_debias(params.name)
+        coefficients = debias_record(params)
+        record = dict(record, debias=coefficients)
+        postprocess = lambda noisy: debias(params, noisy)  # noqa: E731
+        postprocess_name, postprocess_range = "debias", coefficients["range"]
     if args.denoise == "posterior":
         from rpwjax.posterior import posterior_mean
 
@@ -346,8 +364,11 @@ def cmd_privatize(args) -> int:
             )
         posterior_mean(params, prior, [params.lo])  # fail before any output if this pair has no posterior
         postprocess = lambda noisy: posterior_mean(params, prior, noisy)  # noqa: E731
-    if record.get("prior", {}).get("kind") == "empirical":
-        record = dict(record, prior_is_public="asserted by the user (--prior-is-public)")
+        # a posterior mean lies in the range
+        postprocess_name, postprocess_range = "posterior-mean", (params.lo, params.hi)
+    if record.get("prior", {}).get("kind") in ("empirical", "histogram"):  # no accounted release behind the prior
+        record = dict(record, prior_is_public="asserted by the user (--prior-is-public): the guarantee holds only if "
+                                              "the prior is public")
     privatize_file(
         args.input,
         args.output,
@@ -360,8 +381,8 @@ def cmd_privatize(args) -> int:
         progress=not args.quiet,
         row_offset=args.row_offset,
         postprocess=postprocess,
-        postprocess_name="posterior-mean" if postprocess else None,
-        postprocess_range=(params.lo, params.hi) if postprocess else None,  # a posterior mean lies in the range
+        postprocess_name=postprocess_name,
+        postprocess_range=postprocess_range,
         encoding=args.encoding,
         before_commit=run.finish,
     )
@@ -378,6 +399,28 @@ def _check_sweep_outputs(out_dir, overwrite):
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {str(out)!r} is a file: give a directory")
     io.check_outputs([out / "results.csv", *sorted(out.glob("*_curves.png"))], overwrite=overwrite)
+
+
+DEBIAS_REFUSALS = {
+    "laplace": "it adds zero-mean noise to clip(y, lo, hi), so its release is already unbiased for the clipped label "
+               "(up to the public clamp of its output range): there is nothing to debias",
+    "gaussian": "it adds zero-mean noise to clip(y, lo, hi), so its release is already unbiased for the clipped label "
+                "(up to the public clamp of its output range): there is nothing to debias",
+    "staircase": "it adds zero-mean noise to clip(y, lo, hi), so its release is already unbiased for the clipped "
+                 "label (up to the public clamp of its output range): there is nothing to debias",
+    "unbiased": "its release is unbiased for the label by construction: there is nothing to debias",
+    "rr-on-bins": "it has no closed-form debiasing: its outputs are the bins' representatives, so E[released | y] "
+                  "depends on y only through its bin",
+}
+
+
+def _check_debias(mechanism: str):
+    """``--denoise debias`` is RPWithPrior's (y~ - b)/a; every other mechanism is refused, saying why."""
+    from rpwjax.errors import InputError
+
+    if mechanism != "rpwithprior":
+        raise InputError(f"--denoise debias applies to --mechanism rpwithprior only, got {mechanism}: "
+                         f"{DEBIAS_REFUSALS[mechanism]}")
 
 
 def _sweep(split, config, out_dir, quiet) -> int:
@@ -601,6 +644,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON Lines, one object per epsilon")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing --save file (never a key file)")
+    p.add_argument("--prior-is-public", action="store_true",
+                   help="with --prior empirical and --save or --json (which publish functions of the raw labels): "
+                        "the user vouches that the labels' empirical distribution is public; without it they are "
+                        "refused. The plain printout is for the operator's terminal and needs no flag")
     p.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("keygen", help="write a fresh 256-bit secret (64 hex characters) for --key-file")
@@ -621,8 +668,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS,
                    help=f"rows per chunk, 1 to {MAX_CHUNK_ROWS} (default {DEFAULT_CHUNK_ROWS}; output does not "
                         "depend on it)")
-    p.add_argument("--denoise", choices=["none", "posterior"], default="none",
-                   help="posterior: write E[Y | private label] under the fit's prior (post-processing, no privacy cost)")
+    p.add_argument("--denoise", choices=["none", "posterior", "debias"], default="none",
+                   help="posterior: write E[Y | private label] under the fit's prior; debias (rpwithprior only): write "
+                        "(y~ - b)/a, unbiased for clip(y, A1, A2) (both post-processing, no privacy cost)")
     p.add_argument("--row-offset", type=int, default=0,
                    help="global index of the first row, when INPUT is one shard of a larger data set (default 0); "
                         "offset + rows must not pass 2^63")

@@ -408,7 +408,12 @@ def debias(params: RPWithPrior, y_tilde) -> np.ndarray:
     E[Ỹ | y] = a y' + b with a = 2ζ(1 - e^{-ε})/γ and b = e^{-ε}((A2 + ζ)² - (A1 - ζ)²)/(2γ)
     (:mod:`rpwjax.mechanisms.rpwithprior`), so E[(Ỹ - b)/a | y] = y'. Post-processing of the released label: no
     privacy cost, no prior needed. The result is not confined to [lo, hi] (like Laplace noise, it is
-    unbiased instead). Batched parameters (a leading ε axis E) take ``y_tilde`` with that leading axis,
+    unbiased instead). That holds for the ideal density; the realized release (:func:`rpwjax.release`) snaps
+    each value to the public grid h and clamps it to the grid points inside the support, which moves it by at
+    most h, so the debiased release is unbiased only up to h/a: not exactly, but h is about 2^-16 of the
+    support's width (up to twice that; more only at very large ε), so the bias stays far below the standard
+    error of a sample mean (h/a = 4.5e-5 against a standard error of 2e-3 for 150,000 draws at ε = 1 in the
+    check of ``rpwjax privatize --denoise debias``, tests/test_cli.py). Batched parameters (a leading ε axis E) take ``y_tilde`` with that leading axis,
     e.g. the (E, n) output of :func:`rpwjax.release_grid`.
     """
     if not isinstance(params, RPWithPrior):
@@ -423,6 +428,21 @@ def debias(params: RPWithPrior, y_tilde) -> np.ndarray:
         a = a.reshape(a.shape + (1,) * (yt.ndim - a.ndim))
         b = b.reshape(b.shape + (1,) * (yt.ndim - b.ndim))
     return (yt - b) / a
+
+
+def debias_record(params: RPWithPrior) -> dict:
+    """What ``privatize --denoise debias`` records: ``a``, ``b`` and ``range``, the image of the release's public
+    output range [r_lo, r_hi] under ỹ ↦ (ỹ - b)/a (a > 0), where every debiased value lies."""
+    from rpwjax.release_path import sidecar_fields
+
+    if not isinstance(params, RPWithPrior) or params.batch_shape != ():
+        raise InputError(f"debias_record needs rpwithprior parameters for one epsilon, got "
+                         f"{getattr(params, 'name', type(params).__name__)}")
+    with jax.enable_x64(True):
+        a, b = (float(v) for v in params.debias_coefficients(jnp.float64))
+    r_lo, r_hi = sidecar_fields(params)["output_range"]
+    return {"a": a, "b": b, "formula": "(y~ - b)/a", "unbiased_for": "clip(y, A1, A2)",
+            "range": [(r_lo - b) / a, (r_hi - b) / a]}
 
 
 def posterior_mean(params: Mechanism, prior: Prior, y_tilde) -> np.ndarray:

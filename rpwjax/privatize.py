@@ -271,31 +271,37 @@ def privatize_file(
 def load_release_params(path, *, prior_is_public: bool = False, range=None):
     """A saved fit, ready to release with: ``(params, record, prior)``.
 
-    Nothing in the file is taken on trust: its guarantee is recomputed from
-    the parameters (:func:`rpwjax.audit.verify.verify_record`; refused if
-    weaker than stated or if its fields disagree) before anything is written,
-    and the record says what was verified. A fit on an empirical prior is
-    refused unless ``prior_is_public`` (its parameters are functions of the
-    raw labels); a ``range`` that differs from the file's is refused.
-    ``prior`` is the saved private histogram (None when none was saved).
+    Nothing in the file is taken on trust (:func:`rpwjax.audit.verify.verified_release`):
+    its guarantee is recomputed from the parameters, the parameters are fitted
+    again from the saved prior and options and must be what that fit gives
+    (refused, naming the file and the field, otherwise), and what is released
+    and published is the refit, with its accounting recomputed. A prior with
+    no accounted private release behind it (``empirical``: the parameters are
+    functions of the raw labels; or a ``histogram`` someone vouched for) is
+    refused unless ``prior_is_public``, and the record then says the guarantee
+    is conditional on that prior being public. A ``range`` that differs from
+    the file's is refused. ``prior`` is the saved histogram (None when none
+    was saved).
     """
     from rpwjax import io
     from rpwjax.api import load_params, prior_from_record
-    from rpwjax.audit.verify import verify_record
+    from rpwjax.audit.verify import PUBLIC_PRIOR_KINDS, verified_release
 
     _, record = load_params(io.read_json(path))
-    params, verified = verify_record(record)
+    params, record, verified = verified_release(record, name=str(path))
     record = dict(record, verified=verified)
     prior = prior_from_record(record)
-    empirical = record.get("prior", {}).get("kind") == "empirical"
-    if empirical and not prior_is_public:
+    kind = record.get("prior", {}).get("kind")
+    public = kind in PUBLIC_PRIOR_KINDS
+    if public and not prior_is_public:
+        what = ("its parameters are functions of the raw labels" if kind == "empirical" else
+                "nothing was spent on that histogram (no private release of it is accounted)")
         raise InputError(
-            f"params file {str(path)!r} was fitted on an empirical prior: its parameters are functions of the "
-            "raw labels, so the release is private only if that prior is public. Say so with --prior-is-public, "
-            "or refit with --prior private")
+            f"params file {str(path)!r} was fitted on prior.kind={kind!r}: {what}, so the release is private only if "
+            "that prior is public. Say so with --prior-is-public, or refit with --prior private")
     if range is not None and (float(range[0]), float(range[1])) != (params.lo, params.hi):
         raise InputError(f"--range {list(range)} differs from the params file's range [{params.lo}, {params.hi}]")
-    if prior_is_public and not empirical:
-        raise InputError(f"--prior-is-public does nothing here: params file {str(path)!r} was not fitted on an "
-                         "empirical prior")
+    if prior_is_public and not public:
+        raise InputError(f"--prior-is-public does nothing here: params file {str(path)!r} was fitted on "
+                         f"prior.kind={kind!r}, not on an empirical prior or an unaccounted histogram")
     return params, record, prior

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rpwjax.mechanisms.base import Mechanism
-from rpwjax.errors import InputError
+from rpwjax.errors import InputError, check_labels
 from rpwjax.keys import Secret, bound, canonical_json
 from rpwjax.stream import BLOCK_ROWS, block_bits, block_counters
 
@@ -200,7 +200,7 @@ def _per_row(params: Mechanism, n: int) -> bool:
 
 
 def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpose: str = "labels",
-            output_spec: dict | None = None) -> np.ndarray:
+            output_spec: dict | None = None, clip: bool = False) -> np.ndarray:
     """Released values for ``labels`` at global rows ``start, start + 1, ...`` (float64).
 
     Row ``i`` always gets the same uniform for the same secret (bound to a
@@ -208,8 +208,10 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     whatever the chunking, the device count or the shard offsets, so shards
     concatenate to the single-run output. A secret not bound to a release is
     bound to a fresh one (:func:`rpwjax.keys.bound`): two calls then never
-    share randomness. Labels must already be validated
-    (finite, inside the public range); ``params`` holds one ε, with scalar
+    share randomness. Labels must be finite and inside
+    the public range ``[params.lo, params.hi]`` (an :class:`InputError` naming
+    the first bad label and its index otherwise), or ``clip=True`` clips those
+    outside it (no privacy cost); ``params`` holds one ε, with scalar
     leaves or one leaf value per row. ``output_spec`` is ``spec(params)``,
     when a caller releasing many chunks with the same parameters computed it
     once.
@@ -223,6 +225,7 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     y = np.asarray(labels, dtype=np.float64).ravel()
     if y.size == 0:
         return y
+    y = check_labels(y, float(np.min(params.lo)), float(np.max(params.hi)), clip=clip)
     per_row = _per_row(params, y.size)
     s = spec(params) if output_spec is None else output_spec
     from rpwjax.audit.certify import certify  # function-level: the audit layer imports this module

@@ -1,4 +1,5 @@
-"""Files, row numbers, exit codes and leftovers of ``rpwjax privatize``, ``fit`` and ``privatize-table``.
+"""Files, row numbers, exit codes and leftovers of ``rpwjax privatize``, ``fit`` and ``privatize-table``; bad labels
+at the Python API's entry points.
 
 Every case asserts the exit code (2: bad input, 1: I/O, 130/143: SIGINT/SIGTERM),
 the one-line message (the problem and the value), the row (the 1-based data row
@@ -27,6 +28,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from rpwjax import cli
+from rpwjax.errors import InputError
+from rpwjax.pipelines import PIPELINES
 from helpers import fixed_key, run, slow_unless
 
 
@@ -140,6 +143,14 @@ PRIVATIZE_CASES = [
      ["--prior-epsilon 0.1 does nothing for --mechanism gaussian"]),
     ("--bins with --params", b"id,y\n1,0.5\n", ["--bins", "8"], 2, ["--bins 8 does nothing with --params"]),
     ("--zeta with --params", b"id,y\n1,0.5\n", ["--zeta", "0.1"], 2, ["--zeta 0.1 does nothing with --params"]),
+    ("--denoise debias for laplace", b"id,y\n1,0.5\n", LAPLACE + ["--denoise", "debias"], 2,
+     ["--denoise debias applies to --mechanism rpwithprior only, got laplace", "already unbiased"]),
+    ("--denoise debias for rr-on-bins", b"id,y\n1,0.5\n",
+     ["--mechanism", "rr-on-bins", "--epsilon", "1", "--range", "0", "1", "--denoise", "debias"], 2,
+     ["got rr-on-bins: it has no closed-form debiasing"]),
+    ("--denoise debias for unbiased", b"id,y\n1,0.5\n",
+     ["--mechanism", "unbiased", "--epsilon", "1", "--range", "0", "1", "--denoise", "debias"], 2,
+     ["got unbiased: its release is unbiased for the label by construction"]),
     ("--prior-is-public with a private prior", b"id,y\n1,0.5\n", ["--prior-is-public"], 2,
      ["--prior-is-public does nothing here"]),
     ("--prior-is-public inline without --prior empirical", b"id,y\n1,0.5\n", INLINE + ["--prior-is-public"], 2,
@@ -155,9 +166,11 @@ PRIVATIZE_CASES = [
      [f"{name}: epsilon=", "on the range [0, 1] cannot be certified for a float64 release"])
     for name in ("rpwithprior", "laplace", "gaussian", "staircase", "rr-on-bins", "unbiased")
 ]
-# the fast subset: a saved fit refusing a bad file, an option refused inline, an inline fit refusing a label
+# the fast subset: a saved fit refusing a bad file, an option refused inline, an inline fit refusing a label, a
+# mechanism refused for --denoise debias
 PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fit: label outside the range",
-                  "rpwithprior at epsilon 1000", "rr-on-bins at epsilon 1000", "input is a directory")
+                  "rpwithprior at epsilon 1000", "rr-on-bins at epsilon 1000", "input is a directory",
+                  "--denoise debias for laplace")
 
 
 @pytest.mark.parametrize("case, content, options, code, fragments", slow_unless(
@@ -428,6 +441,13 @@ FIT_CASES = [
     ("--save of rpwithprior at epsilon 100", "l.txt", b"0.5\n", ["--epsilon", "100"],
      ["--save: these parameters cannot be released: ", "rpwithprior: epsilon=90 on the range [0, 1] cannot be "
       "certified for a float64 release: epsilon above 20.1"]),
+    # --save and --json publish functions of the raw labels under an empirical prior: only if it is declared public
+    ("--save under an empirical prior", "l.txt", b"0.5\n", ["--prior", "empirical"],
+     ["--prior empirical with --save publishes functions of the raw labels", "--prior-is-public"]),
+    ("--json under an empirical prior", "l.txt", b"0.5\n", ["--prior", "empirical", "--json"],
+     ["--prior empirical with --save and --json publishes functions of the raw labels", "--prior-is-public"]),
+    ("--prior-is-public without --prior empirical", "l.txt", b"0.5\n", ["--prior-is-public"],
+     ["--prior-is-public does nothing without --prior empirical"]),
 ]
 
 
@@ -441,6 +461,75 @@ def test_fit_bad_input(tmp_path, capsys, case, name, content, options, fragments
     for fragment in fragments:
         assert fragment in err, (fragment, err)
     assert listing(tmp_path) == [name]
+
+
+def test_fit_json_under_an_empirical_prior_needs_prior_is_public_and_the_printout_does_not(tmp_path, capsys):
+    (tmp_path / "l.txt").write_bytes(b"0.25\n0.5\n")
+    fit = ["fit", "--labels", tmp_path / "l.txt", "--range", "0", "1", "--mechanism", "laplace", "--epsilon", "1",
+           "--prior", "empirical"]
+    code, out, err = run([*fit, "--json"], capsys)
+    assert code == 2 and out == "" and "--prior empirical with --json publishes functions of the raw labels" in err
+    code, out, err = run([*fit, "--json", "--prior-is-public"], capsys)
+    assert code == 0 and json.loads(out)[0]["prior"]["public_prior_required"] is True, err
+    code, out, err = run(fit, capsys)  # the plain printout is the operator's, on the terminal
+    assert code == 0 and out.startswith("laplace epsilon=1"), err
+
+
+# --------------------------------------------------------------------------- the Python API
+
+def _api_entry_points():
+    """Every public function that takes raw labels: ``name -> call(labels)`` (release and fit laplace also ``clip``)."""
+    import rpwjax
+
+    laplace = rpwjax.fit("laplace", [0.5], range=(0.0, 1.0), epsilon=1.0, seed=0)
+    secret = rpwjax.Secret.from_seed(0)
+    features = np.linspace(0.0, 1.0, 40)[:, None]
+    calls = {
+        "release": lambda y, clip=False: rpwjax.release(laplace.params, secret, y, clip=clip),
+        "release_grid": lambda y: rpwjax.release_grid(laplace.params, secret, y),
+        # Laplace does not read the labels to fit: they are checked all the same
+        "fit laplace": lambda y, clip=False: rpwjax.fit("laplace", y, range=(0.0, 1.0), epsilon=1.0, seed=0,
+                                                        clip=clip),
+        "fit rpwithprior": lambda y: rpwjax.fit("rpwithprior", y, range=(0.0, 1.0), epsilon=1.0, seed=0),
+        "fit empirical": lambda y: rpwjax.fit("rpwithprior", y, range=(0.0, 1.0), epsilon=1.0, prior="empirical"),
+        "empirical_prior": lambda y: rpwjax.empirical_prior(y, 0.0, 1.0),
+        "private_histogram": lambda y: rpwjax.private_histogram(y, 0.0, 1.0, 0.5, bins=8, secret=secret),
+    }
+    for name, row in PIPELINES.items():
+        calls[f"pipeline {name}"] = (lambda row: lambda y: row.run(features, y, 0.0, 1.0, 1.0, secret=secret,
+                                                                   epochs=1))(row)
+    return calls
+
+
+BAD_LABELS = [(np.nan, "labels must be finite, got labels[7]=nan"),
+              (np.inf, "labels must be finite, got labels[7]=inf"),
+              (-np.inf, "labels must be finite, got labels[7]=-inf"),
+              (1.5, "labels must lie in the public range [0.0, 1.0], got labels[7]=1.5")]
+API_ENTRY_POINTS = ["release", "release_grid", "fit laplace", "fit rpwithprior", "fit empirical", "empirical_prior",
+                    "private_histogram", *(f"pipeline {name}" for name in PIPELINES)]
+
+
+@pytest.mark.parametrize("entry_point", slow_unless(API_ENTRY_POINTS, fast=["release", "fit laplace", "pipeline auto"]))
+@pytest.mark.parametrize("bad, message", BAD_LABELS, ids=["nan", "inf", "-inf", "outside"])
+def test_python_entry_points_refuse_bad_labels_naming_the_value_and_the_row(entry_point, bad, message):
+    y = np.full(40, 0.5)
+    y[7] = bad
+    with pytest.raises(InputError) as err:
+        _api_entry_points()[entry_point](y)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_clip_true_clips_labels_outside_the_range_and_never_a_non_finite_one():
+    calls = _api_entry_points()
+    y = np.full(40, 0.5)
+    y[7] = 1.5
+    inside = np.clip(y, 0.0, 1.0)
+    np.testing.assert_array_equal(calls["release"](y, clip=True), calls["release"](inside))
+    assert calls["fit laplace"](y, clip=True).records() == calls["fit laplace"](inside).records()
+    y[7] = np.nan
+    for name in ("release", "fit laplace"):
+        with pytest.raises(InputError, match=r"labels must be finite, got labels\[7\]=nan"):
+            calls[name](y, clip=True)
 
 
 @pytest.mark.slow

@@ -298,6 +298,69 @@ def test_shards_with_row_offsets_match_one_run(files, tmp_path, capsys):
     np.testing.assert_array_equal(np.concatenate(parts), pq.read_table(whole).column("value").to_numpy())
 
 
+DEBIAS_ROWS = 150_000
+
+
+@pytest.fixture(scope="module")
+def one_label_blocks(files):
+    """150,000 rows of label 0.3, then 150,000 of label 0.9, then 150,000 from Beta(2, 5) (a spread for the fit)."""
+    d, _ = files
+    path = d / "blocks.csv"
+    rng = np.random.default_rng(3)
+    y = np.concatenate([np.full(DEBIAS_ROWS, 0.3), np.full(DEBIAS_ROWS, 0.9), rng.beta(2, 5, DEBIAS_ROWS)])
+    pacsv.write_csv(pa.table({"y": y}), path)
+    return path
+
+
+@pytest.mark.parametrize("source", slow_unless(["inline", "params"], fast=["inline"]))
+def test_privatize_debias_is_unbiased_for_the_projected_label(files, one_label_blocks, tmp_path, capsys, source):
+    d, _ = files
+    if source == "params":
+        fit = tmp_path / "p.json"
+        assert run(["fit", "--labels", d / "labels.txt", "--range", "0", "1", "--mechanism", "rpwithprior",
+                    "--epsilon", "1", "--key-file", d / "key", "--save", fit], capsys)[0] == 0
+        how = ["--params", fit]
+    else:
+        how = ["--mechanism", "rpwithprior", "--epsilon", "1", "--range", "0", "1"]
+    outputs = {}
+    for denoise in ("none", "debias"):
+        out = tmp_path / f"{denoise}.csv"
+        code, _, err = run(["privatize", one_label_blocks, "-o", out, "--label-column", "y", "--key-file", d / "key",
+                            "--quiet", "--denoise", denoise, *how], capsys)
+        assert code == 0, err
+        outputs[denoise] = pacsv.read_csv(out).column("y").to_numpy()
+    side = json.loads((tmp_path / "debias.csv.json").read_text())
+    p, coefficients = side["params"], side["debias"]
+    assert side["postprocessing"] == "debias" and side["epsilon"] == 1.0  # post-processing: nothing more spent
+    raw, debiased = outputs["none"], outputs["debias"]
+    a, b = coefficients["a"], coefficients["b"]
+    np.testing.assert_allclose(debiased, (raw - b) / a, rtol=0, atol=1e-12)  # the same release, mapped
+    # the sidecar's range is the image of the release's range: every debiased value lies in it
+    r_lo, r_hi = side["release_range"]
+    assert coefficients["range"] == pytest.approx([(r_lo - b) / a, (r_hi - b) / a], rel=1e-15)
+    assert side["output_grid"] is None and side["output_range"][0] <= debiased.min()
+    assert debiased.max() <= side["output_range"][1]
+    inside, outside = 0.3, 0.9
+    assert p["A1"] < inside < p["A2"] < outside  # one label in [A1, A2], one beyond it
+    for block, label in enumerate((inside, outside)):
+        rows = slice(block * DEBIAS_ROWS, (block + 1) * DEBIAS_ROWS)
+        projected = min(max(label, p["A1"]), p["A2"])
+        for values, unbiased in ((debiased[rows], True), (raw[rows], False)):
+            se = values.std(ddof=1) / np.sqrt(DEBIAS_ROWS)
+            assert (abs(values.mean() - projected) <= 4.5 * se) == unbiased, (source, label, unbiased)
+
+
+def test_privatize_debias_refuses_a_params_file_of_another_mechanism(files, tmp_path, capsys):
+    d, _ = files
+    fit = tmp_path / "laplace.json"
+    assert run(["fit", "--labels", d / "labels.txt", "--range", "0", "1", "--mechanism", "laplace", "--epsilon", "1",
+                "--save", fit], capsys)[0] == 0
+    code, _, err = run(["privatize", d / "t.csv", "-o", tmp_path / "o.csv", "--label-column", "value", "--params", fit,
+                        "--denoise", "debias", "--quiet"], capsys)
+    assert code == 2 and err.count("\n") == 1 and not (tmp_path / "o.csv").exists()
+    assert "--denoise debias applies to --mechanism rpwithprior only, got laplace" in err and "already unbiased" in err
+
+
 @pytest.mark.slow
 def test_privatize_with_posterior_denoising(files, tmp_path, capsys):
     d, table = files
@@ -333,7 +396,7 @@ def test_privatize_with_posterior_denoising(files, tmp_path, capsys):
     # an empirical prior is never saved, so a saved known-prior fit cannot be denoised later
     known = tmp_path / "known.json"
     assert run(["fit", "--labels", str(d / "labels.txt"), "--range", "0", "1", "--mechanism", "rpwithprior",
-                "--epsilon", "1", "--prior", "empirical", "--save", str(known)], capsys)[0] == 0
+                "--epsilon", "1", "--prior", "empirical", "--prior-is-public", "--save", str(known)], capsys)[0] == 0
     assert "masses" not in json.loads(known.read_text())["prior"]
     code, _, err = run(["privatize", str(d / "t.parquet"), "-o", str(tmp_path / "x.parquet"), "--label-column",
                         "value", "--prior-is-public", "--params", str(known), "--denoise", "posterior", "--quiet"],

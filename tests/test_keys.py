@@ -502,7 +502,7 @@ def test_privatize_refuses_an_empirical_prior_unless_it_is_declared_public(data,
     # a params file fitted on an empirical prior is refused the same way
     params = tmp_path / "empirical.json"
     code, _, err = run(["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "rpwithprior",
-                        "--epsilon", "1", "--prior", "empirical", "--save", params], capsys)
+                        "--epsilon", "1", "--prior", "empirical", "--prior-is-public", "--save", params], capsys)
     assert code == 0, err
     record = json.loads(params.read_text())
     assert record["prior"]["kind"] == "empirical" and record["epsilon_prior"] == 0
@@ -554,7 +554,7 @@ def test_multi_epsilon_fit_reports_each_epsilon_and_the_total_once(data, capsys)
     assert out.count(records[0]["all_records"]["note"]) == 1 and len(out.strip().splitlines()) == len(epsilons) + 1
     # an empirical prior spends nothing, and the total says the records read the raw labels
     code, out, err = run(["fit", "--labels", d / "train.txt", "--range", "0", "1", "--mechanism", "rpwithprior",
-                          "--epsilon", *epsilons, "--prior", "empirical", "--json"], capsys)
+                          "--epsilon", *epsilons, "--prior", "empirical", "--prior-is-public", "--json"], capsys)
     assert code == 0, err
     total = json_lines(out)[0]["all_records"]
     assert total["epsilon_prior_total"] == 0 and total["empirical_prior"] is True

@@ -2,7 +2,9 @@
 
 Honest files of every mechanism come from ``rpwjax fit --save`` with the default
 private prior and a key file from ``rpwjax keygen``; the edited ones change a
-field by hand, as anyone holding the file could.
+field by hand, as anyone holding the file could. Consistent edits (every stated
+field agrees, the guarantee holds) are caught by the refit: the parameters must
+be what the fit gives for the saved prior and options.
 """
 
 import copy
@@ -37,11 +39,12 @@ def saved(tmp_path_factory):
 
 def saved_fit(d, name):
     """The path of the saved fit ``name``: a mechanism (private prior, noise from the key file), "empirical"
-    (RPWithPrior, empirical prior) or "seeded" (RR-on-Bins at ε = 2, seed 7); fitted the first time it is asked for."""
+    (RPWithPrior, empirical prior), "laplace-empirical" (Laplace under --prior empirical) or "seeded" (RR-on-Bins at ε = 2, seed 7); fitted the first time it is asked for."""
     path = d / f"{name}.json"
     if not path.exists():
-        if name == "empirical":
-            options = ["--mechanism", "rpwithprior", "--epsilon", "1", "--prior", "empirical"]
+        if name in ("empirical", "laplace-empirical"):
+            mechanism = "laplace" if name == "laplace-empirical" else "rpwithprior"
+            options = ["--mechanism", mechanism, "--epsilon", "1", "--prior", "empirical", "--prior-is-public"]
         elif name == "seeded":
             options = ["--mechanism", "rr-on-bins", "--epsilon", "2", "--seed", "7"]
         else:
@@ -70,9 +73,10 @@ def assert_refused(d, tmp_path, rec, capsys, *named):
     """privatize exits 2 with one line naming every string in ``named``, and writes nothing."""
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    code, _, err = privatize(d, out_dir / "o.csv", write(tmp_path, rec), capsys)
+    path = write(tmp_path, rec)
+    code, _, err = privatize(d, out_dir / "o.csv", path, capsys)
     assert code == 2, err
-    assert err.count("\n") == 1 and "params file refused" in err
+    assert err.count("\n") == 1 and f"params file {str(path)!r} refused: " in err
     for text in named:
         assert text in err, (text, err)
     assert list(out_dir.iterdir()) == []  # no output, no sidecar, no temporary file
@@ -87,7 +91,11 @@ def test_honest_file_of_every_mechanism_verifies(saved, mechanism):
     rec = record(saved, mechanism)
     params, report = verify.verify_record(rec)
     assert params.name == mechanism and report["pass"] and report["problems"] == []
-    assert report["checks"] == {"fields": True, "prior": True, "parameters": True, "exact": True, "realized": True}
+    assert report["checks"] == {"fields": True, "prior": True, "parameters": True, "refit": True, "exact": True,
+                                "realized": True}
+    assert report["refit"].startswith("refitted from the saved") and report["refit"].endswith("every parameter agrees")
+    assert {k: report["accounting"][k] for k in ("epsilon", "epsilon_prior", "epsilon_mechanism", "delta")} == {
+        k: rec[k] for k in ("epsilon", "epsilon_prior", "epsilon_mechanism", "delta")}
     eps2 = rec["epsilon_mechanism"]
     assert report["epsilon"] == rec["epsilon"] == 1.0 and report["epsilon_mechanism"] == eps2
     recomputed = report["epsilon_mechanism_recomputed"]
@@ -135,6 +143,9 @@ def test_seeded_fit_and_one_element_list_verify(saved):
 def test_empirical_prior_file_verifies_and_still_needs_prior_is_public(saved, tmp_path, capsys):
     _, report = verify.verify_record(record(saved, "empirical"))
     assert report["prior"] == "empirical" and report["epsilon_prior"] == 0.0
+    # its parameters were fitted to the raw labels, which are not saved: nothing to refit from, said so
+    assert report["checks"]["refit"] is None and "cannot be recomputed" in report["refit"]
+    assert "only if" in report["conditional"] and "public" in report["not_verifiable"]
     code, _, err = privatize(saved, tmp_path / "o.csv", saved_fit(saved, "empirical"), capsys)
     assert code == 2 and "--prior-is-public" in err and not (tmp_path / "o.csv").exists()
     code, _, err = privatize(saved, tmp_path / "o.csv", saved_fit(saved, "empirical"), capsys, "--prior-is-public")
@@ -203,14 +214,18 @@ def test_parameters_less_private_than_stated_are_refused_by_recomputation(saved,
     assert_refused(saved, tmp_path, rec, capsys, "less private than epsilon_mechanism")
 
 
-@pytest.mark.slow
-def test_consistent_but_larger_claim_is_accepted_and_reported(saved):
-    # every stated field says 100 and the parameters are 20-DP: the file claims less than it could, which is fine
+def test_consistent_claim_whose_parameters_are_not_the_fit_is_refused(saved):
+    # every stated field says 100 and the parameters are 20-DP, which the guarantee alone would let through; but
+    # a Laplace fit at epsilon 100 has scale 0.01, not 0.05: these parameters were not fitted to what the file says
     rec = record(saved, "laplace")
     rec["epsilon"] = rec["epsilon_mechanism"] = rec["params"]["epsilon"] = 100.0
     rec["params"]["scale"] = 0.05
-    _, report = verify.verify_record(rec)
-    assert report["epsilon"] == 100.0 and report["epsilon_mechanism_recomputed"] == pytest.approx(20.0)
+    with pytest.raises(InputError, match=r"params\.scale=0\.05 is not what the laplace fit gives for the saved prior "
+                                         r"and options \(scale=0\.01\)"):
+        verify.verify_record(rec)
+    _, report = verify.check_record(rec)
+    assert report["epsilon_mechanism_recomputed"] == pytest.approx(20.0) and report["checks"]["parameters"] is True
+    assert report["checks"]["refit"] is False
 
 
 # --------------------------------------------------------------------------- every field
@@ -279,6 +294,145 @@ def test_each_field_inconsistency_is_refused_naming_the_field(saved, name, chang
         verify.verify_record(rec)
     _, report = verify.check_record(copy.deepcopy(rec), exact=False, realized=False)
     assert report["pass"] is False and report["problems"]
+
+
+# --------------------------------------------------------------------------- the refit: consistent edits
+
+
+def _times(path, factor):
+    def change(rec):
+        target = rec
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = (np.asarray(target[path[-1]]) * factor).tolist()
+
+    return change
+
+
+def _rpwithprior_a1(rec):  # A1 moved and gamma kept consistent with it: only the refit sees it
+    p = rec["params"]
+    p["A1"] = p["A1"] / 2
+    p["gamma"] = 2 * p["zeta"] + math.exp(-p["epsilon"]) * (p["A2"] - p["A1"])
+
+
+def _swapped_prior_masses(rec):  # the parameters of another prior (the histogram reversed) under this one
+    rec["prior"]["masses"] = rec["prior"]["masses"][::-1]
+
+
+def _outputs_shifted(rec):
+    rec["params"]["outputs"] = (np.asarray(rec["params"]["outputs"]) + 0.01).tolist()
+
+
+def _extra_field(rec):
+    rec["params"]["note"] = "raw labels: 0.31 0.27"
+
+
+REFIT_EDITS = [  # (saved fit, edit, the parameter the refusal names)
+    ("laplace", _set(["params", "scale"], 1.5), r"params\.scale=1\.5 is not what the laplace fit gives .*scale=1\.0"),
+    ("laplace-empirical", _set(["params", "scale"], 1.5), r"params\.scale=1\.5 is not what the laplace fit gives"),
+    ("laplace", _set(["label_mse"], 3.0), r"label_mse=3\.0 is not what the fit gives for the saved prior \(2\.0\)"),
+    ("laplace", _extra_field, r"params\.note='raw labels: 0\.31 0\.27' is not a field the laplace fit gives"),
+    ("gaussian", _times(["params", "sigma"], 2.0), r"params\.sigma=7\.46.* is not what the gaussian fit gives .*"
+                                                   r"\(sigma=3\.73"),
+    ("staircase", _set(["params", "gamma"], 0.3), r"params\.gamma=0\.3 is not what the staircase fit gives"),
+    ("rpwithprior", _rpwithprior_a1, r"params\.A1=0\.06.* is not what the rpwithprior fit gives for the saved prior"),
+    ("rpwithprior", _swapped_prior_masses, r"params\.A1=.* is not what the rpwithprior fit gives"),
+    ("rr-on-bins", _outputs_shifted, r"params\.outputs\[0\]=.* is not what the rr-on-bins fit gives .*"
+                                     r"\(outputs\[0\]="),
+    ("unbiased", _swapped_prior_masses, r"params\.outputs\[0\]=.* is not what the unbiased fit gives"),
+]
+
+
+@pytest.mark.parametrize("name, change, message", slow_unless(
+    REFIT_EDITS, fast=[e for e in REFIT_EDITS if e[0] == "laplace"], ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(REFIT_EDITS)]))
+def test_parameters_that_are_not_the_fit_of_the_saved_prior_are_refused(saved, name, change, message):
+    rec = _edit(saved, name, change)
+    with pytest.raises(InputError, match=message) as err:
+        verify.verify_record(rec)
+    assert "\n" not in str(err.value)  # one line, whatever the shape of the parameter
+    _, report = verify.check_record(copy.deepcopy(rec), exact=False, realized=False)
+    assert report["pass"] is False and report["checks"]["refit"] is False
+
+
+@pytest.mark.slow
+def test_honest_fits_refit_to_the_same_parameters(saved):
+    # private histograms whose masses do not sum to exactly 1 in float64 (seeds 70 and 130 of these labels): the
+    # refit must use the saved masses as written, or the interval search moves A1 and A2 in the 8th digit
+    labels = np.random.default_rng(0).beta(2, 5, 5000)
+    for seed in (70, 130):
+        rec = json.loads(json.dumps(api.fit("rpwithprior", labels, range=(0, 1), epsilon=1.0, seed=seed).records()[0]))
+        assert abs(sum(rec["prior"]["masses"]) - 1) > 0
+        assert verify.check_record(rec, exact=False, realized=False)[1]["checks"]["refit"] is True
+    # one record of a fit over an epsilon grid (Unbiased pads every epsilon to the same number of outputs)
+    for mechanism in ("unbiased", "rr-on-bins"):
+        for rec in api.fit(mechanism, labels, range=(0, 1), epsilon=[0.5, 1.0, 2.0], seed=3).records():
+            _, report = verify.check_record([json.loads(json.dumps(rec))], exact=False, realized=False)
+            assert report["pass"], report["problems"]
+
+
+def test_refit_refusal_through_the_cli_names_the_file_and_the_parameter(saved, tmp_path, capsys):
+    rec = _edit(saved, "laplace", _set(["params", "scale"], 1.5))
+    assert_refused(saved, tmp_path, rec, capsys, "params.scale=1.5 is not what the laplace fit gives", "scale=1.0")
+
+
+def test_what_is_released_and_published_is_the_refit_not_the_file(saved, tmp_path, capsys):
+    # numbers within the refit tolerance pass, but none of their low bits, nor a stray field, reaches the release
+    rec = record(saved, "laplace")
+    rec["params"]["scale"] = 1.0 + 1e-12
+    rec["label_mse"] = 2.0 * (1 + 1e-12)
+    rec["notes"] = "raw labels: 0.31 0.27"
+    params, report = verify.verify_record(rec)
+    assert report["pass"] and float(params.scale) == 1.0
+    out = tmp_path / "o.csv"
+    code, _, err = privatize(saved, out, write(tmp_path, rec), capsys)
+    assert code == 0, err
+    side = json.loads((tmp_path / "o.csv.json").read_text())
+    assert side["params"]["scale"] == 1.0 and side["label_mse"] == 2.0 and "notes" not in side
+    assert side["epsilon"] == side["verified"]["accounting"]["epsilon"] == 1.0
+
+
+def test_laplace_under_an_empirical_prior_is_still_refitted(saved):
+    _, report = verify.verify_record(record(saved, "laplace-empirical"))
+    assert report["checks"]["refit"] is True and "no prior used" in report["refit"]
+    assert report["prior"] == "empirical" and "only if" in report["conditional"]
+
+
+def _histogram_for_free(rec):
+    """A private-histogram fit relabelled as a public histogram: nothing spent on it, ε = ε₂ claimed."""
+    rec["prior"]["kind"], rec["prior"]["bins"] = "histogram", None
+    rec["epsilon"], rec["epsilon_prior"] = rec["epsilon_mechanism"], 0.0
+
+
+def test_a_histogram_with_no_accounted_release_is_a_public_prior(saved, tmp_path, capsys):
+    rec = _edit(saved, "rr-on-bins", _histogram_for_free)
+    _, report = verify.verify_record(rec)  # the parameters are the fit of that histogram: they verify
+    assert report["prior"] == "histogram" and "only if the histogram prior is public" in report["conditional"]
+    assert report["accounting"]["epsilon"] == report["accounting"]["epsilon_mechanism"] == 0.9
+    path = write(tmp_path, rec)
+    out = tmp_path / "o.csv"
+    code, _, err = privatize(saved, out, path, capsys)
+    assert code == 2 and err.count("\n") == 1 and not out.exists(), err
+    assert f"params file {str(path)!r} was fitted on prior.kind='histogram'" in err and "--prior-is-public" in err
+    code, _, err = privatize(saved, out, path, capsys, "--prior-is-public")
+    assert code == 0, err
+    side = json.loads((tmp_path / "o.csv.json").read_text())
+    assert side["epsilon"] == 0.9 and side["epsilon_prior"] == 0.0 and side["prior"]["kind"] == "histogram"
+    assert "--prior-is-public" in side["prior_is_public"] and "only if" in side["prior_is_public"]
+    assert "only if" in side["verified"]["conditional"]
+
+
+@pytest.mark.slow
+def test_an_empirical_fit_relabelled_as_a_histogram_prior_is_refused(saved, tmp_path, capsys):
+    # A1 and A2 of the empirical fit are raw labels; relabelled as a histogram (or as the private one of another
+    # fit) the refit from that histogram gives other parameters
+    rec = record(saved, "empirical")
+    private = record(saved, "rpwithprior")
+    for kind, eps1 in (("histogram", 0.0), ("private-histogram", 0.1)):
+        rec["prior"] = dict(private["prior"], kind=kind, bins=private["prior"]["bins"] if eps1 else None)
+        rec["epsilon_prior"], rec["epsilon"] = eps1, rec["epsilon_mechanism"] + eps1
+        with pytest.raises(InputError, match=r"params\.A[12]=.* is not what the rpwithprior fit gives"):
+            verify.verify_record(rec)
+    assert_refused(saved, tmp_path, rec, capsys, "is not what the rpwithprior fit gives for the saved prior")
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ A params file (``rpwjax fit --save``, one record of ``FitResult.records()``)
 on the prior), ``epsilon_mechanism`` (ε₂), ``delta``, ``pure_dp``, the
 ``mechanism``, the public ``range``, the ``prior`` and the mechanism's
 ``params`` (with their own ``params.epsilon``). A file can be edited, so
-:func:`verify_record` checks it in three layers and refuses it (an
+:func:`verify_record` checks it in four layers and refuses it (an
 :class:`~rpwjax.errors.InputError` naming the field and both values) when
 anything disagrees or the parameters are less private than stated:
 
@@ -45,9 +45,27 @@ anything disagrees or the parameters are less private than stated:
    ≤ ε₂ + 1e-6 (realized); Gaussian, δ(ε₂) ≤ δ·(1 + 1e-5) (exact, quadrature)
    and realized δ ≤ δ.
 
-What cannot be checked from a file: that ε₁ was really spent on a noisy
-histogram (its noise is secret) and that the parameters were fitted to the
-saved prior rather than to the raw labels. The report says so.
+4. **The refit** (run before the exact and realized checks). Fitting is
+   deterministic given the prior, so the
+   parameters are fitted again (:func:`rpwjax.api.refit_record`) from the
+   saved histogram (or, for Laplace, Gaussian and Staircase, from the range
+   alone) and the saved options (ε₂ = ``params.epsilon``, ζ and objective,
+   δ and calibration, the Staircase's γ rule), and every field of ``params``
+   and ``label_mse`` must be what the refit gives, to
+   :data:`~rpwjax.api.REFIT_TOLERANCE` relative plus
+   :data:`~rpwjax.api.REFIT_ABSOLUTE` (float rounding across machines, e.g.
+   an LP's optimality gap that is zero up to rounding). What is released and
+   published is then the refit, not the file's numbers, and the accounting
+   is recomputed from what was spent: ε = ε₁ + ε₂ with ε₁ > 0 only for a
+   ``private-histogram`` prior.
+
+What cannot be checked from a file: that ε₁ was really spent on the noisy
+histogram (its noise is secret); and a prior that is not a private release
+(``empirical``, or a ``histogram`` someone vouched for) is private only if it
+is public: ``privatize --params`` then needs ``--prior-is-public`` and the
+record says the guarantee is conditional on it. The parameters of a
+mechanism fitted to an empirical prior (never saved) cannot be refitted at
+all. The report's ``not_verifiable`` says which applies.
 
 :func:`check_record` runs the same checks without raising (``rpwjax audit
 --params`` reports every problem); :func:`verify_record` raises when any
@@ -63,7 +81,7 @@ from typing import Any
 
 import numpy as np
 
-from rpwjax.errors import InputError
+from rpwjax.errors import InputError, show_value
 
 RELATIVE_TOLERANCE = 1e-12  # stated numbers that must agree (ε = ε₁ + ε₂, params.epsilon = ε₂, δ = params.delta)
 EPSILON_TOLERANCE = 1e-9  # a recomputed ε may exceed ε₂ by this (plus RELATIVE_TOLERANCE·ε₂)
@@ -72,8 +90,16 @@ ROW_MASS_TOLERANCE = 1e-6  # rows of a probability matrix sum to one within this
 PRIOR_KINDS = ("private-histogram", "histogram", "empirical", "none")
 REQUIRED_FIELDS = ("mechanism", "epsilon", "epsilon_prior", "epsilon_mechanism", "delta", "pure_dp", "range", "prior",
                    "params")
-UNVERIFIABLE = ("epsilon_prior is accounted as stated: a private histogram's noise is secret and cannot be checked "
-                "from the file; nor can the file show that the parameters were fitted to the saved prior")
+PUBLIC_PRIOR_KINDS = ("empirical", "histogram")  # priors with no accounted private release behind them
+UNVERIFIABLE = {
+    "private-histogram": "epsilon_prior is accounted as stated: the private histogram's noise is secret, so the file "
+                         "cannot show that epsilon_prior was spent on it",
+    "histogram": "the saved histogram is not an accounted private release (epsilon_prior = 0): the guarantee holds "
+                 "only if that prior is public",
+    "empirical": "the empirical prior is a function of the raw labels and is not saved: the guarantee holds only if "
+                 "that prior is public",
+    "none": "nothing: the mechanism uses no prior and its parameters were refitted from the options and range",
+}
 
 
 def _number(record: dict, name: str, problems: list[str]) -> float | None:
@@ -410,6 +436,90 @@ def _realized_stage(params, stated: dict, problems: list[str]) -> dict:
             "output_range": real["info"].get("output_range")}
 
 
+# --------------------------------------------------------------------------- layer 4: the refit
+
+
+def _mismatch(saved, refit):
+    """Where a saved value is not the refit's: None if it is, else ``(suffix, saved part, refit part)``.
+
+    Numbers agree to :data:`~rpwjax.api.REFIT_TOLERANCE` relative plus
+    :data:`~rpwjax.api.REFIT_ABSOLUTE` (float rounding across machines); strings
+    and booleans exactly. An array names its first element that differs.
+    """
+    from rpwjax.api import REFIT_ABSOLUTE, REFIT_TOLERANCE
+
+    if isinstance(refit, (str, bool)) or refit is None or isinstance(saved, (str, bool)) or saved is None:
+        return None if saved == refit and type(saved) is type(refit) else ("", saved, refit)
+    try:
+        a, b = np.asarray(saved, np.float64), np.asarray(refit, np.float64)
+    except (TypeError, ValueError):
+        return "", show_value(saved), refit
+    if a.shape != b.shape:
+        return " (shape)", list(a.shape), list(b.shape)
+    bad = ~(np.abs(a - b) <= REFIT_TOLERANCE * np.maximum(np.abs(a), np.abs(b)) + REFIT_ABSOLUTE)
+    if not bad.any():
+        return None
+    i = np.unravel_index(int(np.flatnonzero(bad)[0]), a.shape)
+    return "".join(f"[{k}]" for k in i), a[i].item(), b[i].item()
+
+
+def _unpadded(name: str, fields: dict) -> dict:
+    """An Unbiased record without its never-emitted outputs: a fit over an ε grid pads every ε to the same number
+    of outputs with columns of probability zero, which the fit for that ε alone does not have (same mechanism)."""
+    if name != "unbiased":
+        return fields
+    try:
+        q = np.asarray(fields["probabilities"], np.float64)
+        outputs = np.asarray(fields["outputs"], np.float64)
+        used = q.max(axis=0) > 0
+        if q.ndim != 2 or outputs.shape != used.shape:
+            return fields
+    except (KeyError, TypeError, ValueError):
+        return fields
+    return dict(fields, outputs=outputs[used].tolist(), probabilities=q[:, used].tolist())
+
+
+def _refit_stage(record: dict, problems: list[str], out: dict):
+    """Layer 4: refit from the saved prior and options; every saved parameter must be the refit's."""
+    from rpwjax.api import refit_record
+
+    try:
+        result, how = refit_record(record)
+    except InputError as err:
+        problems.append(f"refit: {err}")
+        return None
+    except (KeyError, TypeError, ValueError) as err:
+        problems.append(f"refit could not read the saved options: {type(err).__name__}: {err}")
+        return None
+    if result is None:
+        out["refit"] = how
+        return None
+    refit = result.records()[0]
+    name = record["mechanism"]
+    saved = _unpadded(name, record["params"] if isinstance(record["params"], dict) else {})
+    for key, value in _unpadded(name, refit["params"]).items():
+        if key not in saved:
+            problems.append(f"params.{key} is missing: the {name} fit gives {key}={show_value(value)} for the saved "
+                            "prior")
+        elif (where := _mismatch(saved[key], value)) is not None:
+            at, was, fit = where
+            problems.append(f"params.{key}{at}={was!r} is not what the {name} fit gives for the saved prior and "
+                            f"options ({key}{at}={fit!r}): the parameters were not fitted to them")
+    for key in saved:
+        if key not in refit["params"]:
+            problems.append(f"params.{key}={show_value(saved[key])} is not a field the {name} fit gives")
+    if "label_mse" in record and _mismatch(record["label_mse"], refit["label_mse"]) is not None:
+        problems.append(f"label_mse={record['label_mse']!r} is not what the fit gives for the saved prior "
+                        f"({refit['label_mse']!r})")
+    out["refit"] = f"refitted from {how}: every parameter agrees"
+    out["accounting"] = {
+        **{k: refit[k] for k in ("epsilon", "epsilon_prior", "epsilon_mechanism", "delta")},
+        "from": "recomputed: epsilon_mechanism of the refit parameters plus epsilon_prior, which counts only for a "
+                "private-histogram prior (0 for a public prior or none)",
+    }
+    return result
+
+
 # --------------------------------------------------------------------------- public API
 
 
@@ -422,13 +532,21 @@ def check_record(record, *, exact: bool = True, realized: bool = True, stop_earl
     """Every check of :func:`verify_record`, collected instead of raised.
 
     Returns ``(params, report)``: the parsed parameters (None when the
-    mechanism's own validation already refuses them) and a JSON-ready report
-    whose ``problems`` lists every disagreement found (empty: verified) and
-    whose ``checks`` says which layers passed (None: not run). With
-    ``stop_early`` the exact and realized checks (about a second each) are
-    skipped once the fields or the recomputed guarantee have failed. A value
-    that is not a fit record at all raises :class:`InputError`.
+    mechanism's own validation already refuses them; the refit's when the
+    refit ran) and a JSON-ready report whose ``problems`` lists every
+    disagreement found (empty: verified) and whose ``checks`` says which
+    layers passed (None: not run; ``refit`` None also when the parameters
+    cannot be refitted, an empirical prior). With ``stop_early`` the refit,
+    exact and realized checks are skipped once the fields or the recomputed
+    guarantee have failed. A value that is not a fit record at all raises
+    :class:`InputError`.
     """
+    params, report, _ = _check(record, exact=exact, realized=realized, stop_early=stop_early)
+    return params, report
+
+
+def _check(record, *, exact: bool, realized: bool, stop_early: bool):
+    """:func:`check_record` plus the refit's :class:`~rpwjax.api.FitResult` (None when it did not run or failed)."""
     from rpwjax.api import load_params, one_record
     from rpwjax.mechanisms import entry
 
@@ -444,7 +562,7 @@ def check_record(record, *, exact: bool = True, realized: bool = True, stop_earl
         stages[name] = len(problems) == before
         return out
 
-    params = None
+    params = result = None
     try:
         params, _ = load_params(record)
     except InputError as err:
@@ -468,6 +586,15 @@ def check_record(record, *, exact: bool = True, realized: bool = True, stop_earl
         stated["fields"] = record["params"] if isinstance(record["params"], dict) else {}
         report.update(stage("parameters", _recompute, params, stated, problems))
         skip = stop_early and bool(problems)
+        if kind is not None and not skip:
+            result = stage("refit", _refit_stage, record, problems, report)
+            if result is None and not problems:
+                stages["refit"] = None  # an empirical prior: nothing to refit from
+            elif result is not None and stages["refit"]:
+                params = result.params  # what is released: the refit, not the file's numbers
+        else:
+            stages["refit"] = None
+        skip = stop_early and bool(problems)
         for name, wanted, fn in (("exact", exact, _exact_stage), ("realized", realized, _realized_stage)):
             if wanted and not skip:
                 report.update(stage(name, fn, params, stated, problems))
@@ -475,27 +602,53 @@ def check_record(record, *, exact: bool = True, realized: bool = True, stop_earl
                 stages[name] = None
     report = {k: _finite(v) for k, v in report.items()}
     report["checks"] = stages
-    report["not_verifiable"] = UNVERIFIABLE
+    report["not_verifiable"] = UNVERIFIABLE.get(kind, UNVERIFIABLE["private-histogram"])
+    if kind in PUBLIC_PRIOR_KINDS:
+        report["conditional"] = f"the guarantee holds only if the {kind} prior is public (nothing was spent on it)"
     report["problems"] = problems
     report["pass"] = not problems
-    return params, report
+    return params, report, (result if stages.get("refit") else None)
 
 
 def verify_record(record):
     """Parameters of a params file whose stated guarantee was recomputed and holds; refuse anything else.
 
-    Runs the three layers of checks of the module docstring on ``record`` (a
+    Runs the four layers of checks of the module docstring on ``record`` (a
     ``--save`` record or a one-element ``fit --json`` list). Returns
-    ``(params, report)``, ``report`` the JSON-ready ``"verified"`` object of a
-    sidecar: the stated ε, ε₁, ε₂, δ, the ε₂ recomputed from the parameters
-    (``epsilon_mechanism_recomputed``, and for the Gaussian ``delta_recomputed``,
-    its exact δ at ε₂), the exact and realized checks' maxima, and which
-    checks ran. Raises :class:`InputError` (exit 2 in the CLI), one line,
+    ``(params, report)``: ``params`` the refit's (the file's only where
+    nothing can be refitted, an empirical prior), ``report`` the JSON-ready
+    ``"verified"`` object of a sidecar: the stated ε, ε₁, ε₂, δ, the ε₂
+    recomputed from the parameters (``epsilon_mechanism_recomputed``, and for
+    the Gaussian ``delta_recomputed``, its exact δ at ε₂), the refit and its
+    recomputed ``accounting``, the exact and realized checks' maxima, and
+    which checks ran. Raises :class:`InputError` (exit 2 in the CLI), one line,
     naming the field and both values of the first disagreement.
     """
-    params, report = check_record(record, stop_early=True)
+    params, _, report = verified_release(record)
+    return params, report
+
+
+def verified_release(record, *, name: str | None = None):
+    """:func:`verify_record`, and the record to publish: ``(params, record, report)``.
+
+    When the parameters were refitted, ``params`` and the returned record are
+    the refit's (its parameters, ``label_mse``, prior record and recomputed
+    accounting; an integer-seed mark kept), so no number of the file reaches
+    the release or the sidecar unchecked; otherwise (an empirical prior) the
+    file's. ``name`` (the file's path) leads the refusal's message.
+    """
+    from rpwjax.api import one_record
+
+    record = one_record(record)
+    params, report, result = _check(record, exact=True, realized=True, stop_early=True)
     problems = report["problems"]
     if problems:
         more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:])})" if len(problems) > 1 else ""
-        raise InputError(f"params file refused: {problems[0]}{more}")
-    return params, report
+        where = f" {name!r}" if name is not None else ""
+        raise InputError(f"params file{where} refused: {problems[0]}{more}")
+    if result is not None:
+        seeded = record.get("reproducible_seed") is True
+        record = result.records()[0]
+        if seeded:  # the fit's histogram noise came from an integer seed: the release says so
+            record.update(reproducible_seed=True, seed_note="integer seed: not for production")
+    return params, record, report
