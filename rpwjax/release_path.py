@@ -146,6 +146,17 @@ def spec(params: Mechanism) -> dict:
     return {"grid": grid, "low": low, "high": high}
 
 
+_specs: dict = {}  # (release_spec's code, params_digest) -> spec: a spec is a pure function of both
+
+
+def _cached_spec(params: Mechanism, parameters: str) -> dict:
+    """:func:`spec` of ``params``, computed once per process for each parameter set (its digest ``parameters``)."""
+    key = (type(params).release_spec, parameters)
+    if key not in _specs:
+        _specs[key] = spec(params)
+    return _specs[key]
+
+
 def sidecar_fields(params: Mechanism) -> dict:
     """``output_grid`` and ``output_range`` = [a, b] for a sidecar (every released value lies in it)."""
     s = spec(params)
@@ -227,15 +238,17 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
         return y
     y = check_labels(y, float(np.min(params.lo)), float(np.max(params.hi)), clip=clip)
     per_row = _per_row(params, y.size)
-    s = spec(params) if output_spec is None else output_spec
+    parameters = params_digest(params)
+    s = _cached_spec(params, parameters) if output_spec is None else output_spec
     from rpwjax.audit.certify import certify  # function-level: the audit layer imports this module
 
-    certify(params, s)  # the realized check on these exact parameters (cached), or InputError: nothing released
+    # the realized check on these exact parameters (cached), or InputError: nothing released
+    certify(params, s, parameters)
     offset = start % BLOCK_ROWS
     devices = jax.local_devices()  # multi-host: each process shards its own rows over its own devices
     num_blocks = -(-(offset + y.size) // BLOCK_ROWS)
     num_blocks = -(-num_blocks // len(devices)) * len(devices)  # whole blocks on every device
-    key = secret.stream_key(purpose + "/" + params.name + "/" + params_digest(params))
+    key = secret.stream_key(purpose + "/" + params.name + "/" + parameters)
     counters = block_counters(start // BLOCK_ROWS, num_blocks)
     with jax.enable_x64(True):
         blocks = _blocks(y, offset, num_blocks, float(params.lo))

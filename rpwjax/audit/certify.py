@@ -64,9 +64,10 @@ def suspended():
         _suspended.reset(token)
 
 
-def digest(params: Mechanism, output_spec: dict | None = None) -> str:
-    """SHA-256 (hex) of the exact parameters (:func:`rpwjax.release_path.params_digest`) and the release spec."""
-    h = hashlib.sha256(params_digest(params).encode())
+def digest(params: Mechanism, output_spec: dict | None = None, parameters: str | None = None) -> str:
+    """SHA-256 (hex) of the exact parameters (:func:`rpwjax.release_path.params_digest`, or ``parameters`` when the
+    caller has it) and the release spec."""
+    h = hashlib.sha256((parameters or params_digest(params)).encode())
     if output_spec is not None:
         h.update(repr(output_spec["grid"]).encode())
         for k in ("low", "high"):
@@ -76,11 +77,11 @@ def digest(params: Mechanism, output_spec: dict | None = None) -> str:
     return h.hexdigest()
 
 
-def _key(params: Mechanism, output_spec: dict) -> tuple:
+def _key(params: Mechanism, output_spec: dict, parameters: str | None = None) -> tuple:
     cls = type(params)
     # the code is part of the key: a sampler replaced at run time (a test's broken one) is checked afresh
     code = tuple(getattr(cls, name, None) for name in ("sample_from_uniform", "translated", "release_spec"))
-    return (*code, digest(params, output_spec))
+    return (*code, digest(params, output_spec, parameters))
 
 
 def where(params: Mechanism) -> str:
@@ -138,15 +139,16 @@ def _certify_rows(params: Mechanism, output_spec: dict):
         _check_set(*_row(params, output_spec, i))
 
 
-def certify(params: Mechanism, output_spec: dict | None = None) -> None:
+def certify(params: Mechanism, output_spec: dict | None = None, parameters: str | None = None) -> None:
     """Refuse (:class:`InputError`, one line naming mechanism, ε and range) unless the release of ``params`` with
-    ``output_spec`` (default ``spec(params)``) passes the realized check; cached, see the module docstring."""
+    ``output_spec`` (default ``spec(params)``) passes the realized check; cached, see the module docstring.
+    ``parameters`` is ``params_digest(params)`` when the caller computed it."""
     if _suspended.get():
         return
     if not isinstance(params, Mechanism):
         raise InputError(f"release needs fitted rpwjax mechanism parameters, got {type(params).__name__}")
     s = spec(params) if output_spec is None else output_spec
-    key = _key(params, s)
+    key = _key(params, s, parameters)
     if _results.get(key, {}).get("pass"):
         return
     if np.ndim(params.epsilon) == 1:

@@ -33,6 +33,11 @@ class Member:
         return f"{self.family}:{self.name}:{self.size}"
 
 
+class SkipCase(Exception):
+    """Raised by a member's setup when it cannot run here (an optional peer library is absent): recorded as
+    skipped with the reason, not as an error."""
+
+
 @dataclasses.dataclass
 class Group:
     family: str
@@ -150,6 +155,51 @@ def uniform_thunk(n: int):
         key = jax.random.key(1)
         fn = jax.jit(lambda k: jax.random.uniform(k, (int(n),), jnp.float64))
     return call
+
+
+PEER_EPSILON = 1.0
+PEER_RANGE = (0.0, 1.0)
+
+
+def peer_labels(n: int) -> np.ndarray:
+    return continuous_labels(n) / (CONTINUOUS_RANGE[1] - CONTINUOUS_RANGE[0])
+
+
+def peer_release_thunk(n: int):
+    """Timed call: the rpwjax Laplace release (the whole release path) of n labels in [0, 1] at ε = 1."""
+    from rpwjax.keys import Secret
+    from rpwjax.mechanisms import entry
+    from rpwjax.priors import histogram_prior
+    from rpwjax.release_path import release
+
+    params, _ = entry("laplace").fit(histogram_prior(np.array(PEER_RANGE), np.array([1.0])), PEER_EPSILON)
+    y = peer_labels(n)
+    secret = Secret.from_seed(2)
+    return lambda: release(params, secret, y)
+
+
+def opendp_laplace_thunk(n: int):
+    """Timed call: OpenDP's vector Laplace (float-safe sampler) on the same labels, scale Δ/ε."""
+    try:
+        import opendp.prelude as dp
+    except ImportError as err:
+        raise SkipCase(f"opendp is not installed (pip install opendp): {err}") from None
+    dp.enable_features("contrib")
+    space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l1_distance(T=float)
+    measurement = space >> dp.m.then_laplace(scale=(PEER_RANGE[1] - PEER_RANGE[0]) / PEER_EPSILON)
+    y = peer_labels(n).tolist()
+    return lambda: measurement(y)
+
+
+def diffprivlib_laplace_thunk(n: int):
+    """Timed call: diffprivlib's Laplace mechanism on the same labels, one ``randomise`` per label."""
+    try:
+        from diffprivlib.mechanisms import Laplace
+    except Exception as err:  # noqa: BLE001 - absent, or broken against the installed scikit-learn
+        raise SkipCase(f"diffprivlib cannot be imported here ({type(err).__name__}: {err})") from None
+    mechanism = Laplace(epsilon=PEER_EPSILON, sensitivity=PEER_RANGE[1] - PEER_RANGE[0])
+    y = peer_labels(n).tolist()
+    return lambda: [mechanism.randomise(v) for v in y]
 
 
 def search_thunk(prior, epsilons, objective: str = "neighborhood"):
@@ -477,6 +527,15 @@ def build_groups(plan: Plan, cache_dir, families=None) -> list[Group]:
                    functools.partial(table_auto_thunk, rows, cache_dir, epsilon=0.05),
                    baseline="privatize/rpwithprior", slow=True,
                    meta={"pipeline": "auto", "fit": "in the timed call", **table, "epsilon": 0.05}),
+        ])
+    for n in plan.peers_n:
+        add("peers", n, [
+            Member("peers", "release/laplace", n, "labels", functools.partial(peer_release_thunk, n),
+                   meta={"mechanism": "laplace", "epsilon": PEER_EPSILON, "library": "rpwjax"}),
+            Member("peers", "opendp/vector-laplace", n, "labels", functools.partial(opendp_laplace_thunk, n),
+                   baseline="release/laplace", slow=True, meta={"epsilon": PEER_EPSILON, "library": "opendp"}),
+            Member("peers", "diffprivlib/laplace", n, "labels", functools.partial(diffprivlib_laplace_thunk, n),
+                   baseline="release/laplace", slow=True, meta={"epsilon": PEER_EPSILON, "library": "diffprivlib"}),
         ])
     return groups
 

@@ -32,6 +32,7 @@ class Plan:
     fit_support: dict  # mechanism -> support sizes
     privatize_rows: tuple[int, ...]
     table_rows: tuple[int, ...]  # privatize-table: rows of the 8-feature table (auto pipeline, privatize_file)
+    peers_n: tuple[int, ...]  # peers: labels released by rpwjax and by the peer libraries, same labels, same run
     repeats: int
     slow_repeats: int  # for members whose single call takes seconds (reference, privatize)
     min_sample_s: float
@@ -50,6 +51,7 @@ PLANS = {
         fit_support={"rr-on-bins": (16, 64, 128, 256, 401, 1024), "unbiased": (16, 32, 64, 128, 256, 401)},
         privatize_rows=(10**6, 10**7),
         table_rows=(10**6,),
+        peers_n=(10**6,),
         repeats=7,
         slow_repeats=5,
         min_sample_s=0.02,
@@ -66,6 +68,7 @@ PLANS = {
         fit_support={"rr-on-bins": (16, 64, 401), "unbiased": (16, 64)},
         privatize_rows=(10**6,),
         table_rows=(20_000,),
+        peers_n=(10**5,),
         repeats=3,
         slow_repeats=2,
         min_sample_s=0.01,
@@ -83,6 +86,7 @@ PLANS = {
         fit_support={"rr-on-bins": (8,), "unbiased": (8,)},
         privatize_rows=(5000,),
         table_rows=(10_000,),  # the unbiased release (at 5000 rows auto picks the slower per-row RPWithPrior)
+        peers_n=(1000,),
         repeats=2,
         slow_repeats=2,
         min_sample_s=0.0,
@@ -96,6 +100,12 @@ TARGETS = (
     dict(name="rpwithprior_release_vs_uniform_floor", family="sampling", case="release/rpwithprior",
          size=10**7, metric="ratio", op="<=", threshold=2.0,
          description="RPWithPrior release of 1e7 float64 labels / jax.random.uniform of 1e7 float64"),
+    dict(name="laplace_release_vs_uniform_floor", family="sampling", case="release/laplace",
+         size=10**7, metric="ratio", op="<=", threshold=2.0,
+         description="Laplace release of 1e7 float64 labels / jax.random.uniform of 1e7 float64"),
+    dict(name="laplace_release_vs_opendp_vector_laplace", family="peers", case="opendp/vector-laplace",
+         size=10**6, metric="ratio", op=">=", threshold=1000.0,
+         description="OpenDP's float-safe vector Laplace / the rpwjax Laplace release, same 1e6 labels, same run"),
     dict(name="interval_search_per_epsilon_continuous", family="search-labels", case="search/continuous",
          size=1_300_000, metric="median_s", op="<=", threshold=0.3,
          description="exact interval search, 1.3e6-label empirical prior (all distinct), one ε, seconds"),
@@ -127,6 +137,6 @@ TARGETS = (
 
 
 FAMILIES = ("sampling", "search-labels", "search-histogram", "search-epsilons", "fit-support", "privatize",
-            "privatize-table")
+            "privatize-table", "peers")
 
 

@@ -170,13 +170,14 @@ def run_plan(plan: Plan, out_dir, *, cache_dir=None, families=None, repeats=None
         "cases": cases,
         "targets": evaluate_targets(cases),
         "errors": [f"{c['family']}:{c['name']}:{c['size']}: {c['error']}" for c in cases if "error" in c],
+        "skipped": [f"{c['family']}:{c['name']}:{c['size']}: {c['skipped']}" for c in cases if "skipped" in c],
     }
     results["plots"] = plot_results(cases, out_dir) if plots else []
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
-SUMMARY_FAMILIES = ("privatize-table",)  # families without a target whose ratios the summary prints
+SUMMARY_FAMILIES = ("privatize-table", "peers")  # families without a target whose ratios the summary prints
 
 
 def comparison_lines(cases: list[dict], families=SUMMARY_FAMILIES) -> list[str]:
@@ -209,6 +210,8 @@ def summary(results: dict) -> str:
     lines.extend(comparison_lines(results["cases"]))
     for e in results["errors"]:
         lines.append(f"  ERROR {e}")
+    for e in results.get("skipped", []):
+        lines.append(f"  skipped {e}")
     return "\n".join(lines)
 
 

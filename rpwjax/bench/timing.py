@@ -8,7 +8,7 @@ import time
 
 
 from rpwjax.bench.plans import Plan, SLOW_CALL_S
-from rpwjax.bench.cases import Group, Member
+from rpwjax.bench.cases import Group, Member, SkipCase
 
 # --------------------------------------------------------------------------- timing
 
@@ -40,6 +40,10 @@ def time_group(group: Group, plan: Plan, repeats: int | None = None, progress=No
             thunk = m.setup()
             rec["warmup_s"], number, rec["_once_s"] = calibrate(thunk, plan.min_sample_s)
             live.append((m, thunk, number, rec))
+        except SkipCase as why:  # an optional peer that is not installed: said, not an error
+            rec["skipped"] = str(why)
+            if progress is not None:
+                progress.update(1)
         except Exception as err:  # a broken case is reported, never silently dropped
             rec["error"] = f"{type(err).__name__}: {err}"
             if progress is not None:
