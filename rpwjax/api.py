@@ -163,6 +163,8 @@ def fit(
     eps = check_epsilon(epsilon)
     grid = np.atleast_1d(eps)
     if labels is not None:  # checked even where the fit does not read them (a prior-free mechanism)
+        if np.ndim(labels) != 1:  # a table or a batch is not flattened into one list of labels
+            raise InputError(f"labels must be one-dimensional (one label per row), got shape {np.shape(labels)}")
         labels = check_labels(labels, lo, hi, clip=clip)
 
     if isinstance(prior, Prior):
@@ -173,8 +175,6 @@ def fit(
         check_choice(prior, "prior", PRIORS)
         if labels is None:
             raise InputError("labels are required unless a Prior object is given")
-        if np.ndim(labels) != 1:  # a table or a batch is not flattened into one list of labels
-            raise InputError(f"labels must be one-dimensional (one label per row), got shape {np.shape(labels)}")
         if not uses_prior and not spend_prior:
             # the prior would only serve reporting; spending budget on it would be waste
             prior_obj = empirical_prior(labels, lo, hi, clip=clip) if prior == "empirical" else None

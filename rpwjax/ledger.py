@@ -118,7 +118,7 @@ def _group(record) -> tuple:
 
 
 def _same_release(a: dict, b: dict) -> bool:
-    keys = ("command", "label_column", "row_offset", "settings", "key_fingerprint")
+    keys = ("command", "label_column", "row_offset", "settings", "key_fingerprint", "epsilon")
     return all(a[k] == b[k] for k in keys) and a["input"]["sha256"] == b["input"]["sha256"] and (
         a["rows"] is None or b["rows"] is None or a["rows"] == b["rows"])
 

@@ -470,7 +470,7 @@ def test_fit_json_under_an_empirical_prior_needs_prior_is_public_and_the_printou
     code, out, err = run([*fit, "--json"], capsys)
     assert code == 2 and out == "" and "--prior empirical with --json publishes functions of the raw labels" in err
     code, out, err = run([*fit, "--json", "--prior-is-public"], capsys)
-    assert code == 0 and json.loads(out)[0]["prior"]["public_prior_required"] is True, err
+    assert code == 0 and json.loads(out.splitlines()[0])["prior"]["public_prior_required"] is True, err
     code, out, err = run(fit, capsys)  # the plain printout is the operator's, on the terminal
     assert code == 0 and out.startswith("laplace epsilon=1"), err
 

@@ -48,7 +48,10 @@ def saved_fit(d, name):
         elif name == "seeded":
             options = ["--mechanism", "rr-on-bins", "--epsilon", "2", "--seed", "7"]
         else:
-            options = ["--mechanism", name, "--epsilon", "1", "--key-file", str(d / "key")]
+            # each fit in a ledger of its own: the module's fits of one label file would otherwise print their
+            # running total, and the tests read stderr line by line
+            options = ["--mechanism", name, "--epsilon", "1", "--key-file", str(d / "key"),
+                       "--ledger", str(d / f"{name}.ledger.jsonl")]
         assert cli.main(["fit", "--labels", str(d / "train.txt"), "--range", "0", "1", *options,
                          "--save", str(path)]) == 0
     return path
