@@ -116,7 +116,7 @@ def spec(params: Mechanism) -> dict:
     """
     eps = float(np.max(params.epsilon))
     where = f"{params.name}: epsilon={eps:g} on the range {range_text(params)}"
-    if params.pure and not eps <= MAX_EPSILON:
+    if params.pure and not params.ratio_epsilon() <= MAX_EPSILON:
         raise InputError(f"{where} cannot be certified for a float64 release: epsilon above {MAX_EPSILON:.4g} = "
                          "ln(2^52 / 2^23) leaves some output fewer than 2^23 of the 2^52 uniforms next to another, "
                          "too few to certify the ratio")

@@ -276,7 +276,8 @@ def test_output_grid_check_catches_unsnapped_outputs(monkeypatch):
 
     def unsnapped(p, secret, labels, start=0):
         with jax.enable_x64(True):
-            return np.asarray(p.sample(secret.key("test"), jnp.asarray(labels, jnp.float64)))
+            return np.asarray(p.sample(jax.random.key(int(secret.stream_key("test")[0])),
+                                       jnp.asarray(labels, jnp.float64)))
 
     monkeypatch.setattr(audit_module, "release", unsnapped)
     bad = audit_module.audit_mechanism(params, samples=20_000)

@@ -112,6 +112,11 @@ class Mechanism:
     def mse(self, y):  # pragma: no cover - interface
         raise NotImplementedError
 
+    def ratio_epsilon(self) -> float:
+        """The ε the mechanism's probability ratios are built for: ``max(epsilon)``, unless a mechanism builds its
+        ratios for a smaller ε (still ε-DP), which then decides whether a float64 release can certify them."""
+        return float(np.max(self.epsilon))
+
     def breakpoints(self):
         return ()
 

@@ -256,6 +256,10 @@ class Unbiased(Mechanism):
         lower, upper, w = self.interpolation(y)
         return w * (var[lower] + (mean[lower] - y) ** 2) + (1 - w) * (var[upper] + (mean[upper] - y) ** 2)
 
+    def ratio_epsilon(self) -> float:
+        """Above :data:`MAX_LP_EPSILON` the LP is solved at that ε (still ε-DP): its ratios are e^min(ε, cap)."""
+        return min(float(np.max(self.epsilon)), MAX_LP_EPSILON)
+
     def breakpoints(self):
         support = self.support
         return tuple(support[..., i] for i in range(np.shape(support)[-1]))
