@@ -101,7 +101,7 @@ class RPWithPrior(Mechanism):
         r"""Grid h and range [a, b]: a, b the grid points just inside the support [A1 - ζ, A2 + ζ].
 
         The end cells then hold at least h/2 of the support, so every cell has
-        probability at least :math:`rac{h}{2} e^{-arepsilon}/\gamma` at every label;
+        probability at least :math:`\frac{h}{2} e^{-\varepsilon}/\gamma` at every label;
         h is the smallest power of two with N·that >= ``MIN_CELL_COUNT`` and at
         most ``MAX_CELLS`` cells (a function of the released parameters only).
         """
