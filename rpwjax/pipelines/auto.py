@@ -95,14 +95,14 @@ checked on validation folds (docs/beyond-the-paper.md, section 5). Step 1
 chose among 8 components or none until the judged sweep had been seen; the
 component count was added after it (for Crime at ε = 0.05 and 0.1, where 8
 could not be afforded but 1 to 3 could), with no new constant, and checked
-on validation folds before the judged sweep was rerun (README). The scores' clip
+on validation folds before the judged sweep was rerun (docs/auto.md). The scores' clip
 (:data:`SCORE_QUANTILE`) was also added after the judged sweep had been seen: the seeds with the worst
 labels on California had the worst private fits, whose noise sat along a score that the L1 bound had left
-almost without spread (found on the training rows; README). The uninformative release of step 3 and the
+almost without spread (found on the training rows; docs/auto.md). The uninformative release of step 3 and the
 slope's noise guard of step 4 were added after the judged sweep had been seen too (Crime at ε = 0.05, where
 one seed in five lost its labels' mean to a residual histogram released on n·ε₁ ≈ 8; at ε = 0.1 the
 calibration's slope had noise of standard deviation 1 to 3) and checked on validation folds before the
-judged sweep was rerun (README). The sidecar records the plan, every
+judged sweep was rerun (docs/auto.md). The sidecar records the plan, every
 quantity the rule read and every ε spent (``record["auto"]``).
 
 **Validating step 2.** ``branch="denoised"`` or ``"unbiased"`` fixes the
@@ -365,7 +365,7 @@ def linear_fit_choice(design, bound: float, width: float, eps_s: float) -> dict:
     not grow with the L1 bound, the sums' does; but the cells see the design only through their mean rows, a
     coarser view (a bias the noise energies do not count), hence the factor; and only with at most
     :data:`CELL_COMPONENTS` components: with 8 (256 cells), the validation folds of California found the cells
-    worse although their noise energy was under half the sums' (README). With more components no cells are
+    worse although their noise energy was under half the sums' (docs/auto.md). With more components no cells are
     formed. Returns the record (``estimator``, ``cells``, ``noise_sums``, ``noise_cells``; the last two None
     when no cells were formed) and ``cell_index`` (one cell per row, or None)."""
     k = design.shape[1] - 1
