@@ -862,3 +862,33 @@ def test_an_interrupted_run_leaves_nothing_and_says_one_line(shared, tmp_path, s
     assert proc.returncode == code, err
     assert err.count("\n") == 1 and f"interrupted by {signal.Signals(sig).name}" in err, err
     assert listing(tmp_path) == before  # no output, no sidecar, no .part file, no out/ directory
+
+
+FEATURES_TABLE = "x,zip,y\n0.5,02134,0.25\n1.5,02139,0.75\n2.5,10001,0.5\n"
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--features", "x", "nope"], "--features names column(s) not in the table: 'nope'; columns are x, zip, y"),
+    (["--exclude", "nope", "other"], "--exclude names column(s) not in the table: 'nope', 'other'"),
+    (["--features", "x", "y"], "--features names the label column 'y': the label is private and never a feature"),
+    (["--exclude", "y"], "--exclude names the label column 'y'"),
+    (["--features", "x", "--exclude", "x"], "--features and --exclude both name 'x'"),
+    (["--features", "x", "x"], "--features names 'x' more than once"),
+    (["--exclude", "x"], "no usable numeric feature column besides 'y': left out x (--exclude); zip (leading zeros (e.g. '02134')"),
+])
+def test_privatize_table_refuses_features_it_cannot_use(shared, tmp_path, capsys, options, message):
+    src = tmp_path / "t.csv"
+    src.write_text(FEATURES_TABLE)
+    code, _, err = run(["privatize-table", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0", "1",
+                        "--epsilon", "1", "--key-file", shared / "key", "--quiet", *options], capsys)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert listing(tmp_path) == ["t.csv"]
+
+
+def test_a_text_feature_on_purpose_must_hold_numbers(shared, tmp_path, capsys):
+    src = tmp_path / "t.csv"
+    src.write_text("x,code,y\n0.5,A1,0.25\n1.5,B2,0.75\n")
+    code, _, err = run(["privatize-table", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0", "1",
+                        "--epsilon", "1", "--features", "code", "--quiet"], capsys)
+    assert code == 2 and "--features code: column 'code' is not numeric: it holds 'A1'" in err, err
+    assert listing(tmp_path) == ["t.csv"]
