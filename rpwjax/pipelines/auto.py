@@ -422,6 +422,7 @@ def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int 
     s = secret.child("auto-linear").for_epsilon(eps)
     step("private linear fit and residual histogram")
     prior, eps2, calibration = feature_aware_prior(design, bound, y, lo, hi, p, s)
+    del design  # (rows, k + 1) float64: the release needs only the centres
     trace["calibration"] = calibration
     trace["fit"] = prior.fit
     step(f"{p.branch} release")

@@ -40,6 +40,25 @@ def standardized(features) -> np.ndarray:
     return out
 
 
+WRITE_CHUNK_ROWS = 1 << 18  # rows per batch of the write (the labels are known: the output does not depend on it)
+
+
+def _give_back_memory():
+    """Hand memory freed by the last step back to the system (glibc keeps freed blocks in its arenas, pyarrow in its
+    pool), so that one step's peak does not stay resident under the next."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
 class _Steps:
     """The run's steps on stderr (tqdm): one bar over the steps, its description the step under way."""
 
@@ -52,6 +71,7 @@ class _Steps:
         self.started = False
 
     def __call__(self, name):
+        _give_back_memory()
         if self.started:
             self.bar.update(1)
         self.started = True
@@ -82,7 +102,7 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
     on stderr for each step (reading, the pipeline's steps, writing). ``report(line)``, if given, receives
     the feature choice in words.
     """
-    from rpwjax.privatize import DEFAULT_CHUNK_ROWS, bind_release
+    from rpwjax.privatize import bind_release
     from rpwjax.tables import read_feature_table
 
     row = lookup(pipeline)
@@ -150,7 +170,7 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
             with io.progress_bar(source, "write", enabled=progress) as bar:
                 rows = io.copy_with_labels(source, tmp, kind,
                                            lambda first, part: labels[first - 1: first - 1 + part.size],
-                                           chunk_rows=DEFAULT_CHUNK_ROWS, bar=bar, types=schema_types)
+                                           chunk_rows=WRITE_CHUNK_ROWS, bar=bar, types=schema_types)
             if rows != y.size:
                 raise InputError(f"{str(input_path)!r} changed while it was read ({y.size} rows, then {rows})")
             if before_commit is not None:
