@@ -270,7 +270,7 @@ def read_table(path, *, encoding=None, bar=None) -> pa.Table:
 
 
 def read_feature_table(path, label_column: str, *, encoding=None, features=None, exclude=None,
-                       progress: bool = False) -> FeatureTable:
+                       progress: bool = False, desc: str = "read table") -> FeatureTable:
     """A whole CSV or Parquet table as features (:func:`choose_features`) and labels (float64, unchecked).
 
     The label column must be numeric (integer, floating point, or decimal: read as float64, ``label_type``
@@ -278,7 +278,7 @@ def read_feature_table(path, label_column: str, *, encoding=None, features=None,
     the file is read. The table is freed before this returns: what stays is the float32 features.
     """
     source = TableSource(path, label_column, encoding=encoding)
-    with progress_bar(source, "read table", enabled=progress) as bar:
+    with progress_bar(source, desc, enabled=progress) as bar:
         table = read_table(path, encoding=encoding, bar=bar)
     if table.num_rows == 0:
         raise InputError(f"{str(path)!r} has no rows")

@@ -552,22 +552,22 @@ def test_privatize_table_errors_name_rows_and_warnings_are_one_line(shared, tmp_
     code, _, err = run(["privatize-table", dup, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0", "1",
                         "--epsilon", "1"], capsys)
     assert code == 2 and err.count("\n") == 1 and "appears 2 times" in err
-    # no usable feature left: the error says which columns were dropped and why
+    # no usable feature left: the error says which columns were left out and why
     only_bad = tmp_path / "only_bad.csv"
     only_bad.write_text(minimal_csv([(c, g, y) for _, c, g, y in rows]))
     code, _, err = run(["privatize-table", only_bad, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0",
-                        "1", "--epsilon", "1"], capsys)
+                        "1", "--epsilon", "1", "--quiet"], capsys)
     assert code == 2 and err.count("\n") == 1, err
-    assert "has no usable numeric feature column besides 'y' (dropped 1 non-numeric column(s): city; dropped 1 " \
-           "column(s) with missing or non-finite values: gappy (first at data row 4))" in err
+    assert "has no usable numeric feature column besides 'y': left out city (not numeric (text)); gappy (integers " \
+           "all distinct: an identifier) (choose columns with --features)" in err
     assert listing(tmp_path) == ["bad.csv", "dup.csv", "only_bad.csv", "t.csv"]
     code, out, err = run(["privatize-table", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0",
                           "1", "--epsilon", "1", "--key-file", shared / "key"], capsys)
     assert code == 0, err
-    lines = err.splitlines()
-    assert lines and all(line.startswith("rpwjax privatize-table: warning: ") for line in lines), err
-    assert any("non-numeric" in line and "city" in line for line in lines)
-    assert any("missing" in line and "gappy (first at data row 4)" in line for line in lines)
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("rpwjax ")]
+    assert lines and all(line.startswith("rpwjax privatize-table: features") for line in lines), err
+    assert "rpwjax privatize-table: features: using 1 column(s): x" in lines
+    assert any("city (not numeric (text))" in line and "gappy (integers all distinct" in line for line in lines)
     # the other columns leave as they came in, here too
     got = parse((tmp_path / "o.csv").read_bytes())
     assert [r[:3] for r in got] == [list(r[:3]) for r in rows]

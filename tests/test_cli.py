@@ -492,9 +492,10 @@ def test_every_long_pass_shows_a_bar_with_a_total(files, tmp_path, capsys):
                         "--epsilon", "1", "--key-file", d / "key"], capsys)
     assert code == 0, err
     text = err.replace("\r", "\n")
-    for desc in ("read labels", "read table", "write"):
+    for desc in ("[1/4] read labels", "[2/4] read table", "[4/4] write"):
         assert any(line.startswith(desc + ":") and "100%" in line for line in text.splitlines()), (desc, err)
-    for step in ("read labels", "read table", "auto: design (public)", "auto: private linear fit", "write"):
+    assert "[3/4] pipeline auto: 3/3 steps" in text  # auto's own steps, each named as it runs
+    for step in ("design (public)", "private linear fit and residual histogram", "release"):
         assert step in text, (step, err)
     code, _, err = run(["privatize-table", src, "-o", tmp_path / "q.csv", "--label-column", "y", "--range", "0", "1",
                         "--epsilon", "1", "--key-file", d / "key", "--quiet"], capsys)

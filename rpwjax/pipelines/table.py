@@ -14,6 +14,7 @@ written unless the whole run succeeds.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -60,32 +61,41 @@ def _give_back_memory():
 
 
 class _Steps:
-    """The run's steps on stderr (tqdm): one bar over the steps, its description the step under way."""
+    """The run's steps on stderr: each pass over the file is a bar of its own named ``[i/N] step`` (one bar at a time,
+    so that an error leaves its one line and no bar); the pipeline's steps are one bar, its postfix the step."""
 
-    def __init__(self, names, enabled):
+    def __init__(self, count: int, enabled: bool):
+        self.count, self.enabled, self.done = count, enabled, 0
+
+    def desc(self, name: str) -> str:
+        _give_back_memory()
+        self.done += 1
+        return f"[{self.done}/{self.count}] {name}"
+
+    @contextlib.contextmanager
+    def pipeline(self, name: str, steps: int):
+        """A bar over the pipeline's ``steps``; yields ``step(name)`` for :meth:`rpwjax.pipelines.Pipeline.run`."""
         from tqdm.auto import tqdm
 
-        self.enabled = enabled
-        self.bar = tqdm(total=len(names), desc="privatize-table", unit="step", disable=not enabled,
-                        bar_format="{desc}: {n_fmt}/{total_fmt} steps [{elapsed}] {postfix}")
-        self.started = False
+        bar = tqdm(total=steps, desc=self.desc(name), unit="step", disable=not self.enabled,
+                   bar_format="{desc}: {n_fmt}/{total_fmt} steps [{elapsed}] {postfix}")
+        started = []
 
-    def __call__(self, name):
-        _give_back_memory()
-        if self.started:
-            self.bar.update(1)
-        self.started = True
-        self.bar.set_postfix_str(name)
+        def step(what):
+            _give_back_memory()
+            if started:
+                bar.update(1)
+            started.append(what)
+            bar.set_postfix_str(what)
 
-    def add(self, count):
-        self.bar.total += count
-        self.bar.refresh()
-
-    def close(self, ok=True):
-        if ok and self.started:
-            self.bar.update(1)
-        self.bar.leave = ok
-        self.bar.close()
+        try:
+            yield step
+            bar.update(bar.total - bar.n)
+        except BaseException:
+            bar.leave = False
+            raise
+        finally:
+            bar.close()
 
 
 def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi: float, epsilon: float,
@@ -122,63 +132,50 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
     if isinstance(epochs, bool) or int(epochs) != epochs or epochs < 1:
         raise InputError(f"epochs must be a positive integer, got epochs={epochs!r}")
     source = io.TableSource(input_path, label_column, encoding=encoding)
-    steps = _Steps(["read labels", "read table", f"pipeline {pipeline}", "write"], progress)
-    ok = False
-    try:
-        # every label checked first, so that errors name the data row and line
-        steps("read labels")
-        with io.progress_bar(source, "read labels", enabled=progress) as bar:
-            y = io.read_labels(input_path, label_column, encoding=encoding, check=(lo, hi, clip), bar=bar)
-        if clip:
-            y = np.clip(y, lo, hi)  # what every mechanism does first: no privacy cost
-        steps("read table")
-        table = read_feature_table(input_path, label_column, encoding=encoding, features=features,
-                                   exclude=exclude, progress=progress)
-        if table.labels.size != y.size:
-            raise InputError(f"{str(input_path)!r} changed while it was read ({y.size} rows, then "
-                             f"{table.labels.size})")
-        if report is not None:
-            for line in table.choice.lines():
-                report(line)
-        x = standardized(table.features)
-        choice, label_type, schema_types = table.choice, table.label_type, table.column_types
-        del table  # what stays is the standardized float32 features and the labels
-        if pipeline_steps(row) > 1:
-            steps.add(pipeline_steps(row) - 1)
-        steps(f"pipeline {pipeline}")
-        labels, record = row.run(x, y, lo, hi, eps, secret=secret, epochs=int(epochs),
-                                 step=lambda name: steps(f"{pipeline}: {name}"))
-        del x
-        labels = np.asarray(labels, dtype=np.float64)
-        if labels.shape != y.shape or not np.all(np.isfinite(labels)):
-            raise RuntimeError("the pipeline produced labels of the wrong shape or non-finite labels")
-        sidecar = {
-            "format_version": 1, "pipeline": pipeline, "rows": int(y.size),
-            "feature_columns": list(choice.columns), "features": choice.record(), "label_column": label_column,
-            **({"label_type": label_type} if label_type else {}),
-            "postprocessing": row.postprocessing,
-            "accounting": record,
-            **secret_record(secret),
-            "release_id": secret.release_id, "row_offset": 0,
-        }
-        dump = lambda obj: json.dumps(obj, indent=2, allow_nan=False,  # noqa: E731
-                                      default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n"
-        dump(sidecar)  # fail before writing
-        out = Path(output_path)
-        steps("write")
-        with io.atomic_outputs(out, out.with_name(out.name + ".json")) as (tmp, tmp_json):
-            with io.progress_bar(source, "write", enabled=progress) as bar:
-                rows = io.copy_with_labels(source, tmp, kind,
-                                           lambda first, part: labels[first - 1: first - 1 + part.size],
-                                           chunk_rows=WRITE_CHUNK_ROWS, bar=bar, types=schema_types)
-            if rows != y.size:
-                raise InputError(f"{str(input_path)!r} changed while it was read ({y.size} rows, then {rows})")
-            if before_commit is not None:
-                sidecar.update(before_commit(rows))
-            tmp_json.write_text(dump(sidecar))
-        ok = True
-    finally:
-        steps.close(ok)
+    steps = _Steps(4, progress)
+    # every label checked first, so that errors name the data row and line
+    with io.progress_bar(source, steps.desc("read labels"), enabled=progress) as bar:
+        y = io.read_labels(input_path, label_column, encoding=encoding, check=(lo, hi, clip), bar=bar)
+    if clip:
+        y = np.clip(y, lo, hi)  # what every mechanism does first: no privacy cost
+    table = read_feature_table(input_path, label_column, encoding=encoding, features=features, exclude=exclude,
+                               progress=progress, desc=steps.desc("read table"))
+    if table.labels.size != y.size:
+        raise InputError(f"{str(input_path)!r} changed while it was read ({y.size} rows, then {table.labels.size})")
+    if report is not None:
+        for line in table.choice.lines():
+            report(line)
+    x = standardized(table.features)
+    choice, label_type, schema_types = table.choice, table.label_type, table.column_types
+    del table  # what stays is the standardized float32 features and the labels
+    with steps.pipeline(f"pipeline {pipeline}", pipeline_steps(row)) as step:
+        labels, record = row.run(x, y, lo, hi, eps, secret=secret, epochs=int(epochs), step=step)
+    del x
+    labels = np.asarray(labels, dtype=np.float64)
+    if labels.shape != y.shape or not np.all(np.isfinite(labels)):
+        raise RuntimeError("the pipeline produced labels of the wrong shape or non-finite labels")
+    sidecar = {
+        "format_version": 1, "pipeline": pipeline, "rows": int(y.size),
+        "feature_columns": list(choice.columns), "features": choice.record(), "label_column": label_column,
+        **({"label_type": label_type} if label_type else {}),
+        "postprocessing": row.postprocessing,
+        "accounting": record,
+        **secret_record(secret),
+        "release_id": secret.release_id, "row_offset": 0,
+    }
+    dump = lambda obj: json.dumps(obj, indent=2, allow_nan=False,  # noqa: E731
+                                  default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n"
+    dump(sidecar)  # fail before writing
+    out = Path(output_path)
+    with io.atomic_outputs(out, out.with_name(out.name + ".json")) as (tmp, tmp_json):
+        with io.progress_bar(source, steps.desc("write"), enabled=progress) as bar:
+            rows = io.copy_with_labels(source, tmp, kind, lambda first, part: labels[first - 1: first - 1 + part.size],
+                                       chunk_rows=WRITE_CHUNK_ROWS, bar=bar, types=schema_types)
+        if rows != y.size:
+            raise InputError(f"{str(input_path)!r} changed while it was read ({y.size} rows, then {rows})")
+        if before_commit is not None:
+            sidecar.update(before_commit(rows))
+        tmp_json.write_text(dump(sidecar))
     return sidecar
 
 
