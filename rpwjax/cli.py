@@ -141,6 +141,15 @@ def _check_fit_options(args, *, spend_prior: bool):
                                  "spends nothing on one (with privatize --denoise posterior it does)")
 
 
+def _add_feature_options(p: argparse.ArgumentParser, prefix: str = ""):
+    p.add_argument("--features", nargs="+", default=None, metavar="COL",
+                   help=prefix + "use exactly these columns as features (default: every numeric column but the label "
+                        "and those that look like identifiers: leading zeros, numbers too long for float64, integers "
+                        "all distinct; missing values are filled with the column's median plus a 0/1 indicator)")
+    p.add_argument("--exclude", nargs="+", default=None, metavar="COL",
+                   help=prefix + "never use these columns as features")
+
+
 def _add_encoding_option(p: argparse.ArgumentParser):
     p.add_argument("--encoding", default=None,
                    help="text encoding of a CSV or text input (default utf-8; a CSV output is written in the same "
@@ -172,6 +181,11 @@ def _fit_settings(args) -> dict:
     keys = ("mechanism", "epsilon", "range", "zeta", "objective", "prior", "prior_epsilon", "bins", "delta",
             "calibration", "clip")
     return {k: getattr(args, k, None) for k in keys}
+
+
+def _reporter(command: str):
+    """Print a line of what a command chose (e.g. its feature columns) on stderr, named by the command."""
+    return lambda line: print(f"rpwjax {command}: {line}", file=sys.stderr)
 
 
 def _print_ledger_line(command: str, line):
@@ -340,7 +354,10 @@ def cmd_privatize(args) -> int:
             raise InputError("--prior-is-public does nothing without --prior empirical")
         lo, hi = check_range(*args.range)
         run.start(float(args.epsilon), mechanism=args.mechanism)  # delta (Gaussian) is the fit's, set below
-        labels = io.read_labels(args.input, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
+        source = io.TableSource(args.input, args.label_column, encoding=args.encoding)
+        with io.progress_bar(source, "read labels", enabled=not args.quiet) as bar:
+            labels = io.read_labels(args.input, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip),
+                                    bar=bar)
         # the histogram noise (if any) and the release draw from independent keys derived from the secret
         result = _fit(args, labels, args.epsilon, secret.child("fit"))
         params, record = result.params, result.records()[0]
@@ -460,8 +477,13 @@ def cmd_curves(args) -> int:
         if args.label_column is None or args.range is None:
             raise InputError("--data needs --label-column COL and --range LO HI (the range is public input)")
         _check_bins(args.bins)
-        dataset = load_table(args.data, args.label_column, args.range[0], args.range[1], clip=args.clip)
+        dataset = load_table(args.data, args.label_column, args.range[0], args.range[1], clip=args.clip,
+                             features=args.features, exclude=args.exclude,
+                             report=(lambda line: None) if args.quiet else _reporter("curves"))
     else:
+        for flag in ("features", "exclude"):
+            if getattr(args, flag) is not None:
+                raise InputError(f"--{flag} applies to --data (a bundled data set's features are fixed)")
         _check_bins(args.bins)
         dataset = load_dataset(args.dataset)
     config = SweepConfig(
@@ -505,7 +527,9 @@ def cmd_privatize_table(args) -> int:
     run.start(float(args.epsilon), pipeline=args.pipeline)  # a pipeline's delta, if any, is set from its accounting
     sidecar = privatize_table(args.input, args.output, label_column=args.label_column, lo=args.range[0],
                               hi=args.range[1], epsilon=args.epsilon, pipeline=args.pipeline, secret=run.secret,
-                              clip=args.clip, encoding=args.encoding, epochs=args.epochs, before_commit=run.finish)
+                              clip=args.clip, encoding=args.encoding, epochs=args.epochs, before_commit=run.finish,
+                              features=args.features, exclude=args.exclude, progress=not args.quiet,
+                              report=None if args.quiet else _reporter("privatize-table"))
     _print_ledger_line("privatize-table", run.line)
     print(f"{args.pipeline}: {sidecar['rows']} labels privatized at epsilon={float(args.epsilon):g} "
           f"(per label, total) -> {args.output}")
@@ -696,6 +720,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=None,
                    help="epochs of the two-stage pipelines' stage models (default 50)")
     p.add_argument("--clip", action="store_true", help="clip labels outside --range instead of refusing them")
+    _add_feature_options(p)
+    p.add_argument("--quiet", action="store_true", help="no progress bars and no report of the feature columns")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing OUTPUT and OUTPUT.json (never a key file)")
     p.set_defaults(func=cmd_privatize_table)
@@ -716,6 +742,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("curves", help="privacy-utility sweep: train MLPs on privatized labels, plot test MSE against epsilon")
     p.add_argument("--dataset", choices=list(DATASETS), default=None)
     p.add_argument("--data", default=None, help="your own .csv/.parquet (numeric feature columns + label column)")
+    _add_feature_options(p, "with --data: ")
     p.add_argument("--label-column", default=None)
     p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range (with --data)")
     p.add_argument("--mechanisms", nargs="+", choices=list(MECHANISMS), default=None, help="default: all six")

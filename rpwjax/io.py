@@ -108,6 +108,11 @@ def _first_bad(arr, op) -> int:
     return lo
 
 
+def is_number_type(typ) -> bool:
+    """Integer, floating point or decimal: a column whose values read as float64 (decimals to the nearest)."""
+    return pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)
+
+
 def _to_text(arr) -> pa.Array:
     return pc.cast(arr, pa.string())
 
@@ -129,6 +134,8 @@ class TableSource:
         _check_exists(path, what)
         self.what = what
         self._lines: dict[int, int | None] = {}
+        self.size = os.path.getsize(self.path)  # bytes on disk: the total of a CSV's progress bar
+        self.bytes_read = 0  # bytes of the file read so far by the last pass (CSV and text)
         if self.kind == ".parquet":
             if encoding is not None:
                 raise InputError(f"--encoding applies to CSV and text files, not to the Parquet file {self.path!r}")
@@ -154,6 +161,15 @@ class TableSource:
             raise InputError(f"label column {label_column!r} appears {len(hits)} times in the header of "
                              f"{self.path!r} (columns {', '.join(str(i + 1) for i in hits)}): rename all but one")
         self.label_index = hits[0]
+
+    @property
+    def label_type(self) -> str | None:
+        """How the labels were read, for a sidecar, where they are not stored as float64 or as CSV text:
+        e.g. ``"decimal128(12, 2) read as float64"`` (None otherwise)."""
+        if self.kind != ".parquet" or self.label_index is None:
+            return None
+        typ = self.schema.field(self.label_index).type
+        return None if typ == pa.float64() else f"{typ} read as float64"
 
     # ------------------------------------------------------------------ opening
     def _open_parquet(self):
@@ -184,8 +200,10 @@ class TableSource:
         self.names = None
         with self._reader({}) as reader:  # the column count, from pyarrow's own parse of the first row
             self.ncols = len(reader.schema.names)
+        self._raw.close()
         with self._reader(self._text_types()) as reader:
             first = self._next(reader, 0)
+        self._raw.close()
         if first is None or first.num_rows == 0:
             raise InputError(f"{self.what} {self.path!r} is empty")
         if self.text:
@@ -220,9 +238,13 @@ class TableSource:
                                        newlines_in_values=not self.text)
             convert = pacsv.ConvertOptions(column_types=column_types, strings_can_be_null=False,
                                            quoted_strings_can_be_null=False, include_columns=include_columns or [])
+            # opened here (not by path) so that the bytes read so far can be told: progress in bytes of the file
+            self._raw = pa.OSFile(self.path)
+            stream = pa.CompressedInputStream(self._raw, "gzip") if self.path.lower().endswith(".gz") else self._raw
             try:
-                return pacsv.open_csv(self.path, read_options=read, parse_options=parse, convert_options=convert)
+                return pacsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert)
             except (pa.ArrowInvalid, UnicodeError) as err:
+                self._raw.close()
                 if not self._grow_block(err):
                     self._failure(err, 0)
 
@@ -262,12 +284,14 @@ class TableSource:
                             self._failure(err, seen)
                         break  # reopen with the larger block
                     n = batch.num_rows
+                    self.bytes_read = self._raw.tell()
                     if seen + n > done:
                         yield done, batch.slice(done - seen) if seen < done else batch
                         done = seen + n
                     seen += n
             finally:
                 reader.close()
+                self._raw.close()
 
     # ------------------------------------------------------------------ streaming
     def batches(self, chunk_rows: int, *, label_only: bool = False):
@@ -312,10 +336,11 @@ class TableSource:
         """The batch's labels as float64 (not yet checked for finiteness or range)."""
         if self.kind == ".parquet":
             column = batch.column(batch.schema.get_field_index(self.label_column))
-            if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)
-                    or pa.types.is_null(column.type)):
+            if not (is_number_type(column.type) or pa.types.is_null(column.type)):
                 raise InputError(f"label column {self.label_column!r} of {self.path!r} must be numeric, "
                                  f"got type {column.type}")
+            if pa.types.is_decimal(column.type):  # money and the like: read as float64 (the sidecar says so)
+                column = pc.cast(column, pa.float64(), safe=False)
             if column.null_count:
                 i = int(np.flatnonzero(np.asarray(column.is_null()))[0])
                 raise InputError(f"missing label in column {self.label_column!r} at {self.where(first_row + i)}")
@@ -485,11 +510,12 @@ def _render_text(col, name):
 # --------------------------------------------------------------------------- labels
 
 
-def read_labels(path, label_column: str | None = None, *, encoding=None, check=None) -> np.ndarray:
+def read_labels(path, label_column: str | None = None, *, encoding=None, check=None, bar=None) -> np.ndarray:
     """All labels of a label file: CSV/Parquet (``label_column``) or text (one number per line).
 
     ``check=(lo, hi, clip)`` also checks every label is finite and (unless
     ``clip``) inside ``[lo, hi]``; every error names the data row and line.
+    ``bar`` (:func:`progress_bar`) moves on as the file is read.
     """
     from rpwjax.errors import check_label_rows
 
@@ -506,6 +532,7 @@ def read_labels(path, label_column: str | None = None, *, encoding=None, check=N
             lo, hi, clip = check
             check_label_rows(y, lo, hi, clip=clip, first_row=first, where=source.where, column=source.label_column)
         parts.append(y)
+        advance(bar, source, y.size)
     if not parts or sum(p.size for p in parts) == 0:
         raise InputError(f"labels file {str(path)!r} has no rows: need at least one label")
     return np.concatenate(parts)
@@ -526,42 +553,175 @@ def count_rows(path) -> int | None:
 # --------------------------------------------------------------------------- whole CSV tables (in memory)
 
 
-def _infer(text: pa.Array) -> pa.Array:
-    """One CSV column's type from ALL its values (pyarrow's null, int64, bool, float64, string order)."""
-    defaults = pacsv.ConvertOptions()
-    nulls = pc.is_in(text, value_set=pa.array(defaults.null_values))
-    trimmed = pc.utf8_trim_whitespace(text)
-    if pc.all(nulls).as_py():
+MAX_SIGNIFICANT_DIGITS = 17  # float64 holds every number of at most 17 significant digits to its nearest double
+_LEADING_ZERO = r"^[+-]?0[0-9]"  # "02134", "007": a code (zip, account), not a quantity; "0" and "0.5" are numbers
+_CSV_DEFAULTS = pacsv.ConvertOptions()
+_NULLS = pa.array(_CSV_DEFAULTS.null_values)
+_TRUE, _FALSE = pa.array(_CSV_DEFAULTS.true_values), pa.array(_CSV_DEFAULTS.false_values)
+_NUMBER_TYPES = (pa.int64(), pa.bool_(), pa.float64())  # pyarrow's inference order after null
+
+
+def _significant_digits(text: pa.Array) -> pa.Array:
+    """Significant digits of number texts: the mantissa's digits less leading and trailing zeros."""
+    mantissa = pc.replace_substring_regex(text, r"[eE].*$", "")
+    digits = pc.replace_substring_regex(mantissa, r"[^0-9]", "")
+    return pc.utf8_length(pc.utf8_rtrim(pc.utf8_ltrim(digits, "0"), "0"))
+
+
+class TextColumnType:
+    """The type of a CSV column of text, inferred from ALL its values, chunk by chunk (:meth:`update`).
+
+    pyarrow's order: null (every value is a null spelling), int64, bool (its true/false spellings only), float64,
+    else the text itself. Two exceptions keep a column that would be numeric as text, where a number would
+    lose what the text says (:attr:`text_reason` says why): a value with a leading zero (``02134``: a code such
+    as a zip code, whose zeros a number drops) and a number with more than :data:`MAX_SIGNIFICANT_DIGITS`
+    significant digits (``12345678901234567890``: float64 cannot hold it).
+    """
+
+    def __init__(self):
+        self.candidates = list(_NUMBER_TYPES)
+        self.values = 0  # non-null values seen
+        self.text_reason = None
+
+    def update(self, text: pa.Array) -> "TextColumnType":
+        if not self.candidates:
+            return self
+        nulls = pc.is_in(text, value_set=_NULLS)
+        masked = pc.if_else(nulls, pa.scalar(None, pa.string()), pc.utf8_trim_whitespace(text))
+        count = len(text) - pc.sum(nulls.cast(pa.int64())).as_py() if len(text) else 0
+        if not count:
+            return self
+        self.values += count
+        kept = []
+        for typ in self.candidates:
+            if typ == pa.bool_():
+                spelled = pc.or_(pc.is_in(masked, value_set=_TRUE), pc.is_in(masked, value_set=_FALSE))
+                ok = pc.all(pc.or_(spelled, nulls)).as_py()
+            else:
+                try:
+                    pc.cast(masked, typ)
+                    ok = True
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    ok = False
+            if ok:
+                kept.append(typ)
+        self.candidates = kept
+        if not any(t != pa.bool_() for t in kept):
+            return self
+        zeros = pc.match_substring_regex(masked, _LEADING_ZERO)
+        if pc.any(zeros).as_py():
+            value = masked.filter(zeros)[0].as_py()
+            self._keep_text(f"leading zeros (e.g. {value!r}): a code, not a quantity")
+            return self
+        digits = _significant_digits(masked)
+        long = pc.greater(digits, MAX_SIGNIFICANT_DIGITS)
+        if pc.any(long).as_py():
+            value = masked.filter(long)[0].as_py()
+            self._keep_text(f"numbers too long for float64 (e.g. {value!r}: more than {MAX_SIGNIFICANT_DIGITS} "
+                            "significant digits)")
+        return self
+
+    def _keep_text(self, reason):
+        self.candidates = []
+        self.text_reason = reason
+
+    @property
+    def type(self) -> pa.DataType:
+        if self.candidates and not self.values:
+            return pa.null()
+        return self.candidates[0] if self.candidates else pa.string()
+
+    def field(self, name) -> pa.Field:
+        """The column's field; a text column kept so by a reason carries it as metadata ``rpwjax_text_reason``."""
+        meta = {"rpwjax_text_reason": self.text_reason} if self.text_reason else None
+        return pa.field(name, self.type, metadata=meta)
+
+
+def typed_text(text: pa.Array, typ: pa.DataType) -> pa.Array:
+    """CSV text as ``typ`` (from :class:`TextColumnType`): null spellings become nulls, numbers are trimmed."""
+    if pa.types.is_string(typ):
+        return text
+    if pa.types.is_null(typ):
         return pa.nulls(len(text))
-    masked = pc.if_else(nulls, pa.scalar(None, pa.string()), trimmed)
-    for typ in (pa.int64(), None, pa.float64()):
-        if typ is None:  # boolean: pyarrow's true/false spellings only ("1"/"0" are integers)
-            true_values, false_values = pa.array(defaults.true_values), pa.array(defaults.false_values)
-            is_true, is_false = pc.is_in(masked, value_set=true_values), pc.is_in(masked, value_set=false_values)
-            if pc.all(pc.or_(pc.or_(is_true, is_false), nulls)).as_py():
-                return pc.if_else(nulls, pa.scalar(None, pa.bool_()), is_true)
-            continue
-        try:
-            return pc.cast(masked, typ)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            continue
-    return text
+    nulls = pc.is_in(text, value_set=_NULLS)
+    masked = pc.if_else(nulls, pa.scalar(None, pa.string()), pc.utf8_trim_whitespace(text))
+    if pa.types.is_boolean(typ):
+        return pc.if_else(nulls, pa.scalar(None, pa.bool_()), pc.is_in(masked, value_set=_TRUE))
+    return pc.cast(masked, typ)
 
 
-def read_csv_table(path, *, encoding=None, delimiter=None, what="input file") -> pa.Table:
+def _infer(text: pa.Array) -> tuple[pa.Array, TextColumnType]:
+    """One CSV column typed from ALL its values (:class:`TextColumnType`)."""
+    kind = TextColumnType().update(text)
+    return typed_text(text, kind.type), kind
+
+
+def csv_column_types(source: "TableSource", *, chunk_rows: int = MAX_CHUNK_ROWS, bar=None) -> list:
+    """Every column's :class:`TextColumnType` over the whole CSV ``source`` (one pass, streamed; the label's is
+    None): what a CSV column is written as in Parquet."""
+    kinds = [None if i == source.label_index else TextColumnType() for i in range(len(source.names))]
+    for first, batch in source.batches(chunk_rows):
+        for kind, col in zip(kinds, source.columns(batch, first, ".csv")):
+            if kind is not None:
+                kind.update(col)
+        advance(bar, source, batch.num_rows)
+    return kinds
+
+
+@contextlib.contextmanager
+def progress_bar(source: "TableSource", desc: str, *, enabled: bool = True):
+    """A tqdm bar (stderr) over one pass of ``source``, with its total and the time left: rows for Parquet,
+    bytes of the file for CSV and text (:func:`advance` moves it). Full when the pass ends; an error or
+    interrupt leaves one line on stderr, not a bar."""
+    from tqdm.auto import tqdm
+
+    if source.kind == ".parquet":
+        bar = tqdm(total=source.num_rows, unit="rows", unit_scale=True, desc=desc, disable=not enabled)
+    else:
+        bar = tqdm(total=source.size, unit="B", unit_scale=True, unit_divisor=1024, desc=desc, disable=not enabled)
+    try:
+        yield bar
+        if bar.total and not bar.disable:
+            bar.update(bar.total - bar.n)
+    except BaseException:
+        bar.leave = False
+        raise
+    finally:
+        bar.close()
+
+
+def advance(bar, source: "TableSource", rows: int):
+    """Move ``bar`` (:func:`progress_bar`, or None) on by a batch of ``rows`` rows of ``source``."""
+    if bar is None or bar.disable:
+        return
+    if bar.unit == "B":
+        bar.update(max(0, min(source.bytes_read, bar.total or source.bytes_read) - bar.n))
+    else:
+        bar.update(rows)
+
+
+def read_csv_table(path, *, encoding=None, delimiter=None, what="input file", bar=None) -> pa.Table:
     """A whole CSV (or TSV, optionally gzipped) table, each column's type inferred from all of its values.
 
     Unlike block-wise inference, a value far down a column can only change
-    that column's type, never fail the read.
+    that column's type, never fail the read (:class:`TextColumnType`: a column kept as text for a reason
+    carries it in its field's metadata). Each column's text is freed once it is typed.
     """
     source = TableSource(path, encoding=encoding, what=what, delimiter=delimiter, kind=".csv")
     parts = [[] for _ in source.names]
     for first, batch in source.batches(MAX_CHUNK_ROWS):
         for i, col in enumerate(source.columns(batch, first, ".csv")):
             parts[i].append(col)
-    columns = [_infer(pa.chunked_array(p, pa.string()).combine_chunks()) if p else pa.array([], pa.string())
-               for p in parts]
-    return pa.Table.from_arrays(columns, names=source.names)
+        advance(bar, source, batch.num_rows)
+    columns, fields = [], []
+    for i, name in enumerate(source.names):
+        text = pa.chunked_array(parts[i], pa.string()).combine_chunks() if parts[i] else pa.array([], pa.string())
+        parts[i] = None
+        column, kind = _infer(text)
+        del text
+        columns.append(column)
+        fields.append(kind.field(name))
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
 
 
 # --------------------------------------------------------------------------- CSV rows as raw bytes
@@ -915,12 +1075,22 @@ def _label_text(labels):
 
 
 class ParquetOut:
-    def __init__(self, path, schema: pa.Schema, label_index: int):
-        self.schema, self.label_index = schema, label_index
+    """Parquet writer; ``text_types``: a CSV input's column types (:class:`TextColumnType`), its text cast to them."""
+
+    def __init__(self, path, schema: pa.Schema, label_index: int, text_types=None):
+        self.schema, self.label_index, self.text_types = schema, label_index, text_types
         self._writer = pq.ParquetWriter(path, schema)
 
     def write(self, columns, labels):
         arrays = list(columns)
+        if self.text_types is not None:
+            for i, typ in enumerate(self.text_types):
+                if i != self.label_index and not pa.types.is_string(typ):
+                    try:
+                        arrays[i] = typed_text(arrays[i], typ)
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                        raise InputError(f"column {self.schema.names[i]!r} no longer reads as {typ}: the input "
+                                         "changed while it was read") from None
         arrays[self.label_index] = pa.array(labels, pa.float64())
         self._writer.write_batch(pa.RecordBatch.from_arrays(arrays, schema=self.schema))
 
@@ -928,10 +1098,12 @@ class ParquetOut:
         self._writer.close()
 
 
-def open_writer(source: TableSource, path, out_kind: str, *, header=None):
+def open_writer(source: TableSource, path, out_kind: str, *, header=None, types=None):
     """A writer for ``source``'s columns with its label column replaced by float64 labels.
 
     ``header``: a CSV input's own header bytes, written as they are (else the header is rendered).
+    ``types``: CSV into Parquet, each column's :class:`TextColumnType` (:func:`csv_column_types`): numbers are
+    written as numbers, text as text.
     """
     label = source.label_index
     if out_kind == ".csv":
@@ -947,19 +1119,27 @@ def open_writer(source: TableSource, path, out_kind: str, *, header=None):
             dup = next(n for n in source.names if source.names.count(n) > 1)
             raise InputError(f"column name {dup!r} appears more than once in {source.path!r}: Parquet output needs "
                              "distinct names (write CSV instead)")
-        schema = pa.schema([pa.field(n, pa.float64() if i == label else pa.string())
-                            for i, n in enumerate(source.names)])
+        text_types = [pa.float64() if i == label else pa.string() if types is None
+                      else types[i].type if isinstance(types[i], TextColumnType) else types[i]
+                      for i in range(len(source.names))]
+        schema = pa.schema([pa.field(n, t) for n, t in zip(source.names, text_types)])
+        return ParquetOut(path, schema, label, text_types)
     return ParquetOut(path, schema, label)
 
 
-def copy_with_labels(source: TableSource, path, out_kind: str, new_labels, *, chunk_rows: int, bar=None) -> int:
+def copy_with_labels(source: TableSource, path, out_kind: str, new_labels, *, chunk_rows: int, bar=None,
+                     types=None) -> int:
     """Stream ``source`` to ``path`` with the label column replaced by ``new_labels(first_row, labels)``.
 
     CSV into CSV writes the input's own bytes with only the label fields
     replaced (:class:`RawCsvRows`, :meth:`CsvOut.write_raw`); rows it cannot
     match to pyarrow's parse are rendered from their values instead.
-    Returns the number of data rows written.
+    CSV into Parquet writes each column as the type of ALL its values (``types``, from
+    :func:`csv_column_types`; computed here, in a pass of its own, when not given).
+    ``bar`` (:func:`progress_bar`) moves on with each batch. Returns the number of data rows written.
     """
+    if source.kind != ".parquet" and out_kind == ".parquet" and types is None:
+        types = csv_column_types(source, chunk_rows=chunk_rows)
     writer = None
     rows = 0
     raw = RawCsvRows(source) if source.kind == ".csv" and out_kind == ".csv" else None
@@ -971,14 +1151,14 @@ def copy_with_labels(source: TableSource, path, out_kind: str, new_labels, *, ch
             if spans is not None and source.encoding == "utf-8" and not _valid_utf8(spans[0]):
                 source.columns(batch, first, out_kind)  # names the column, row and byte that do not decode
             if writer is None:
-                writer = open_writer(source, path, out_kind, header=raw.header if raw is not None else None)
+                writer = open_writer(source, path, out_kind, header=raw.header if raw is not None else None,
+                                     types=types)
             if spans is not None:
                 writer.write_raw(*spans, out)
             else:
                 writer.write(source.columns(batch, first, out_kind), out)
             rows += batch.num_rows
-            if bar is not None:
-                bar.update(batch.num_rows)
+            advance(bar, source, batch.num_rows)
             del batch, out, y, spans
             pa.default_memory_pool().release_unused()  # keep peak memory flat on long files
         if raw is not None and writer is not None:
@@ -1185,79 +1365,3 @@ def read_json(path):
         return json.loads(Path(path).read_text())
     except json.JSONDecodeError as err:
         raise InputError(f"params file {str(path)!r} is not valid JSON: {err}") from None
-
-
-# --------------------------------------------------------------------------- feature tables (in memory)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class FeatureTable:
-    """A user's table split into numeric features (float64, (n, d)) and raw labels (float64, (n,), unchecked)."""
-
-    features: np.ndarray
-    labels: np.ndarray
-    feature_names: tuple[str, ...]
-    notes: tuple[str, ...]  # what was dropped, in words
-
-
-def _is_numeric(dtype) -> bool:
-    return pa.types.is_integer(dtype) or pa.types.is_floating(dtype) or pa.types.is_boolean(dtype)
-
-
-def read_feature_table(path, label_column: str, *, encoding=None) -> FeatureTable:
-    """A whole CSV or Parquet table (the same suffix rules as every other input) as features and labels.
-
-    CSV: every column's type is inferred from ALL of its values
-    (:func:`read_csv_table`), so an odd value far down a column changes that
-    column's type (it is then not a numeric feature) instead of failing the
-    read. Features are the numeric (integer, float, boolean) columns other
-    than the label; non-numeric columns and columns with missing or
-    non-finite values are dropped and named in ``notes``. The label column
-    must be numeric; its values are returned unchecked (the caller checks them
-    against the public range).
-    """
-    kind = file_kind(path, what="input file")
-    _check_exists(path)
-    if kind == ".parquet":
-        if encoding is not None:
-            raise InputError(f"--encoding applies to CSV and text files, not to the Parquet file {str(path)!r}")
-        try:
-            table = pq.read_table(path)
-        except (pa.ArrowException, OSError) as err:
-            raise InputError(f"could not read {str(path)!r} as Parquet: {one_line(err)}") from None
-    else:
-        table = read_csv_table(path, encoding=encoding)
-    if label_column not in table.column_names:
-        raise InputError(
-            f"label column {label_column!r} not found in {str(path)!r}; columns are: {', '.join(table.column_names)}"
-        )
-    if table.num_rows == 0:
-        raise InputError(f"{str(path)!r} has no rows")
-    label_type = table[label_column].type
-    if not _is_numeric(label_type):
-        raise InputError(f"label column {label_column!r} must be numeric, got type {label_type}")
-    labels = table[label_column].cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
-    notes, names, columns = [], [], []
-    non_numeric, with_gaps = [], []
-    for name in table.column_names:
-        if name == label_column:
-            continue
-        column = table[name]
-        if not _is_numeric(column.type):
-            non_numeric.append(name)
-            continue
-        values = column.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
-        bad = np.flatnonzero(~np.isfinite(values))
-        if bad.size:
-            with_gaps.append(f"{name} (first at data row {int(bad[0]) + 1})")
-            continue
-        names.append(name)
-        columns.append(values)
-    if non_numeric:
-        notes.append(f"dropped {len(non_numeric)} non-numeric column(s): {', '.join(non_numeric)}")
-    if with_gaps:
-        notes.append(f"dropped {len(with_gaps)} column(s) with missing or non-finite values: {', '.join(with_gaps)}")
-    if not columns:
-        raise InputError(f"{str(path)!r} has no usable numeric feature column besides {label_column!r}"
-                         + (f" ({'; '.join(notes)})" if notes else ""))
-    return FeatureTable(np.column_stack(columns), np.asarray(labels, np.float64), tuple(names), tuple(notes))

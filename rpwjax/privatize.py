@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from rpwjax import io, ledger
 from rpwjax.mechanisms.base import Mechanism
@@ -246,26 +245,31 @@ def privatize_file(
             noisy = np.clip(np.asarray(postprocess(noisy), dtype=np.float64), *postprocess_range)
         return noisy
 
+    types = None
+    if source.kind != ".parquet" and out_kind == ".parquet":  # a pass of its own: each column's type from all values
+        types = _with_bar(source, "column types", progress,
+                          lambda bar: io.csv_column_types(source, chunk_rows=chunk_rows, bar=bar))
     with io.atomic_outputs(output_path, sidecar_path) as (tmp, tmp_json):
-        bar = tqdm(total=total, unit="rows", unit_scale=True, disable=not progress, desc="privatize")
-        try:
-            with bar:
-                try:
-                    rows = io.copy_with_labels(source, tmp, out_kind, released, chunk_rows=chunk_rows, bar=bar)
-                except BaseException:
-                    bar.leave = False  # an error or interrupt leaves one line on stderr, not a bar
-                    raise
-        finally:
-            bar.close()
+        rows = _with_bar(source, "privatize", progress,
+                         lambda bar: io.copy_with_labels(source, tmp, out_kind, released, chunk_rows=chunk_rows,
+                                                         bar=bar, types=types))
         if rows == 0:
             raise InputError(f"input file {str(input_path)!r} has no rows")
-        sidecar = dict(record, rows=rows, label_column=label_column, **output_fields(params, postprocess_range),
+        label_type = {"label_type": source.label_type} if source.label_type else {}
+        sidecar = dict(record, rows=rows, label_column=label_column, **label_type,
+                       **output_fields(params, postprocess_range),
                        postprocessing=postprocess_name, **randomness_record(secret, record),
                        release_id=key.release_id, row_offset=row_offset)
         if before_commit is not None:
             sidecar.update(before_commit(rows))
         tmp_json.write_text(json.dumps(sidecar, indent=2) + "\n")
     return sidecar
+
+
+def _with_bar(source, desc: str, progress: bool, work):
+    """``work(bar)`` under a progress bar over one pass of ``source`` (:func:`rpwjax.io.progress_bar`)."""
+    with io.progress_bar(source, desc, enabled=progress) as bar:
+        return work(bar)
 
 
 def load_release_params(path, *, prior_is_public: bool = False, range=None):

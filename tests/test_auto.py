@@ -747,3 +747,65 @@ def test_validation_split_never_holds_a_test_row():
     assert all(lookup[i] == y for i, y in zip(val.test_index, val.y_test))
     with pytest.raises(InputError, match="fraction"):
         validation_split(split, fraction=1.0)
+
+
+# --------------------------------------------------------------------------- a user's table: features on purpose
+
+
+def _id_table(path, rng, n=400):
+    """A CSV with a zip code (leading zeros), an id, a 20-digit user id, text, a feature with gaps and one without."""
+    lines = ["zip,row_id,user_id,city,age,x,y"]
+    for i in range(n):
+        age = "" if i % 13 == 0 else str(20 + i % 47)
+        lines.append(f"0{2100 + i % 40},{i * 7 + 3},{12345678901234567000 + i},c{i % 5},{age},{rng.normal():.6f},"
+                     f"{rng.uniform(LO, HI):.4f}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_privatize_table_leaves_identifiers_out_and_fills_gaps_and_curves_chooses_alike(tmp_path, rng, capsys):
+    from rpwjax import cli
+    from rpwjax.experiments.datasets import load_table
+    from helpers import fixed_key, run
+
+    src = _id_table(tmp_path / "t.csv", rng)
+    key = fixed_key(tmp_path / "key")
+    out = tmp_path / "o.csv"
+    code, _, err = run(["privatize-table", src, "-o", out, "--label-column", "y", "--range", LO, HI, "--epsilon", "1",
+                        "--key-file", key], capsys)
+    assert code == 0, err
+    side = __import__("json").loads((tmp_path / "o.csv.json").read_text())
+    features = side["features"]
+    assert features["used"] == ["age", "x"] and side["feature_columns"] == ["age", "x", "age_missing"]
+    reasons = {r["column"]: r["reason"] for r in features["left_out"]}
+    assert "leading zeros" in reasons["zip"] and "'02100'" in reasons["zip"]
+    assert reasons["row_id"] == "integers all distinct: an identifier"
+    assert "too long for float64" in reasons["user_id"] and "not numeric" in reasons["city"]
+    [filled] = features["imputed"]
+    observed = [20 + i % 47 for i in range(400) if i % 13]
+    assert filled == {"column": "age", "missing": 31, "fill": "median of the observed values",
+                      "fill_value": float(np.median(observed)), "indicator": "age_missing"}
+    # said on stderr, one line each (used, left out, filled); --quiet says nothing
+    said = [line for line in err.splitlines() if "features" in line]
+    assert said[0] == "rpwjax privatize-table: features: using 2 column(s): age, x", err
+    assert "left out 4 column(s): zip (leading zeros" in said[1] and "row_id (integers all distinct" in said[1]
+    assert "age has 31 missing value(s): filled with the median" in said[2] and "age_missing" in said[2]
+    code, _, err = run(["privatize-table", src, "-o", out, "--label-column", "y", "--range", LO, HI, "--epsilon", "1",
+                        "--key-file", key, "--overwrite", "--quiet"], capsys)
+    assert code == 0 and "features" not in err, err
+    # curves --data reads the same table the same way (one shared function)
+    lines = []
+    data = load_table(src, "y", LO, HI, report=lines.append)
+    assert data.feature_names == tuple(side["feature_columns"]) and lines[0].endswith("using 2 column(s): age, x")
+    # --features and --exclude choose on purpose
+    code, _, err = run(["privatize-table", src, "-o", out, "--label-column", "y", "--range", LO, HI, "--epsilon", "1",
+                        "--key-file", key, "--overwrite", "--features", "x", "zip", "--quiet"], capsys)
+    assert code == 0, err
+    side = __import__("json").loads((tmp_path / "o.csv.json").read_text())
+    assert side["features"]["used"] == ["zip", "x"] and side["features"]["chosen_by"] == "--features"
+    code, _, err = run(["privatize-table", src, "-o", out, "--label-column", "y", "--range", LO, HI, "--epsilon", "1",
+                        "--key-file", key, "--overwrite", "--exclude", "age", "--quiet"], capsys)
+    assert code == 0, err
+    side = __import__("json").loads((tmp_path / "o.csv.json").read_text())
+    assert side["features"]["used"] == ["x"] and {"column": "age", "reason": "--exclude"} in side["features"]["left_out"]
+    assert load_table(src, "y", LO, HI, exclude=["age"], report=lines.append).feature_names == ("x",)

@@ -552,22 +552,22 @@ def test_privatize_table_errors_name_rows_and_warnings_are_one_line(shared, tmp_
     code, _, err = run(["privatize-table", dup, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0", "1",
                         "--epsilon", "1"], capsys)
     assert code == 2 and err.count("\n") == 1 and "appears 2 times" in err
-    # no usable feature left: the error says which columns were dropped and why
+    # no usable feature left: the error says which columns were left out and why
     only_bad = tmp_path / "only_bad.csv"
     only_bad.write_text(minimal_csv([(c, g, y) for _, c, g, y in rows]))
     code, _, err = run(["privatize-table", only_bad, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0",
-                        "1", "--epsilon", "1"], capsys)
+                        "1", "--epsilon", "1", "--quiet"], capsys)
     assert code == 2 and err.count("\n") == 1, err
-    assert "has no usable numeric feature column besides 'y' (dropped 1 non-numeric column(s): city; dropped 1 " \
-           "column(s) with missing or non-finite values: gappy (first at data row 4))" in err
+    assert "has no usable numeric feature column besides 'y': left out city (not numeric (text)); gappy (integers " \
+           "all distinct: an identifier) (choose columns with --features)" in err
     assert listing(tmp_path) == ["bad.csv", "dup.csv", "only_bad.csv", "t.csv"]
     code, out, err = run(["privatize-table", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0",
                           "1", "--epsilon", "1", "--key-file", shared / "key"], capsys)
     assert code == 0, err
-    lines = err.splitlines()
-    assert lines and all(line.startswith("rpwjax privatize-table: warning: ") for line in lines), err
-    assert any("non-numeric" in line and "city" in line for line in lines)
-    assert any("missing" in line and "gappy (first at data row 4)" in line for line in lines)
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("rpwjax ")]
+    assert lines and all(line.startswith("rpwjax privatize-table: features") for line in lines), err
+    assert "rpwjax privatize-table: features: using 1 column(s): x" in lines
+    assert any("city (not numeric (text))" in line and "gappy (integers all distinct" in line for line in lines)
     # the other columns leave as they came in, here too
     got = parse((tmp_path / "o.csv").read_bytes())
     assert [r[:3] for r in got] == [list(r[:3]) for r in rows]
@@ -862,3 +862,33 @@ def test_an_interrupted_run_leaves_nothing_and_says_one_line(shared, tmp_path, s
     assert proc.returncode == code, err
     assert err.count("\n") == 1 and f"interrupted by {signal.Signals(sig).name}" in err, err
     assert listing(tmp_path) == before  # no output, no sidecar, no .part file, no out/ directory
+
+
+FEATURES_TABLE = "x,zip,y\n0.5,02134,0.25\n1.5,02139,0.75\n2.5,10001,0.5\n"
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--features", "x", "nope"], "--features names column(s) not in the table: 'nope'; columns are x, zip, y"),
+    (["--exclude", "nope", "other"], "--exclude names column(s) not in the table: 'nope', 'other'"),
+    (["--features", "x", "y"], "--features names the label column 'y': the label is private and never a feature"),
+    (["--exclude", "y"], "--exclude names the label column 'y'"),
+    (["--features", "x", "--exclude", "x"], "--features and --exclude both name 'x'"),
+    (["--features", "x", "x"], "--features names 'x' more than once"),
+    (["--exclude", "x"], "no usable numeric feature column besides 'y': left out x (--exclude); zip (leading zeros (e.g. '02134')"),
+])
+def test_privatize_table_refuses_features_it_cannot_use(shared, tmp_path, capsys, options, message):
+    src = tmp_path / "t.csv"
+    src.write_text(FEATURES_TABLE)
+    code, _, err = run(["privatize-table", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0", "1",
+                        "--epsilon", "1", "--key-file", shared / "key", "--quiet", *options], capsys)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert listing(tmp_path) == ["t.csv"]
+
+
+def test_a_text_feature_on_purpose_must_hold_numbers(shared, tmp_path, capsys):
+    src = tmp_path / "t.csv"
+    src.write_text("x,code,y\n0.5,A1,0.25\n1.5,B2,0.75\n")
+    code, _, err = run(["privatize-table", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", "0", "1",
+                        "--epsilon", "1", "--features", "code", "--quiet"], capsys)
+    assert code == 2 and "--features code: column 'code' is not numeric: it holds 'A1'" in err, err
+    assert listing(tmp_path) == ["t.csv"]

@@ -404,3 +404,101 @@ def test_privatize_with_posterior_denoising(files, tmp_path, capsys):
                         "value", "--prior-is-public", "--params", str(known), "--denoise", "posterior", "--quiet"],
                        capsys)
     assert code != 0 and "needs the prior" in err and not (tmp_path / "x.parquet").exists()
+
+
+# --------------------------------------------------------------------------- types survive, progress shows
+
+
+TYPED_CSV = ("id,zip,price,flag,name,user_id,empty,y\n"
+             "1,02134,3.5,true,ann,12345678901234567890,,0.25\n"
+             "2,10001,,false,\"b, c\",12345678901234567891,,0.75\n"
+             "3,94110,1e3,true,NA,12345678901234567892,,0.5\n")
+
+
+@pytest.mark.parametrize("command", ["privatize", "privatize-table"])
+def test_csv_into_parquet_writes_numbers_as_numbers_and_text_as_text(files, tmp_path, capsys, command):
+    d, _ = files
+    src = tmp_path / "t.csv"
+    src.write_text(TYPED_CSV)
+    out = tmp_path / "o.parquet"
+    how = (["--mechanism", "laplace", "--epsilon", "1", "--range", "0", "1"] if command == "privatize"
+           else ["--range", "0", "1", "--epsilon", "1", "--features", "price"])
+    code, _, err = run([command, src, "-o", out, "--label-column", "y", "--key-file", d / "key", "--quiet", *how],
+                       capsys)
+    assert code == 0, err
+    table = pq.read_table(out)
+    assert dict(zip(table.column_names, map(str, table.schema.types))) == {
+        "id": "int64", "zip": "string", "price": "double", "flag": "bool", "name": "string", "user_id": "string",
+        "empty": "null", "y": "double"}
+    assert table.column("zip").to_pylist() == ["02134", "10001", "94110"]  # a code keeps its zeros
+    assert table.column("user_id").to_pylist()[0] == "12345678901234567890"  # too long for float64: text
+    assert table.column("price").to_pylist() == [3.5, None, 1000.0]
+    assert table.column("name").to_pylist() == ["ann", "b, c", "NA"]  # text as it came in, null spellings too
+    assert table.column("id").to_pylist() == [1, 2, 3]
+
+
+def test_column_types_do_not_depend_on_the_chunks(tmp_path):
+    from rpwjax.io import TableSource, csv_column_types, read_csv_table
+
+    rows = ["a,b,c,d,y"] + [f"{i},{i}.5,{'x' if i == 997 else i},{'007' if i == 998 else i},0.5" for i in range(1000)]
+    src = tmp_path / "t.csv"
+    src.write_text("\n".join(rows) + "\n")
+    source = TableSource(src, "y")
+    for chunk in (1, 7, 1000):
+        kinds = csv_column_types(source, chunk_rows=chunk)
+        assert [str(k.type) for k in kinds[:4]] == ["int64", "double", "string", "string"], chunk
+        assert kinds[3].text_reason == "leading zeros (e.g. '007'): a code, not a quantity"
+    whole = read_csv_table(src)
+    assert [str(t) for t in whole.schema.types] == ["int64", "double", "string", "string", "double"]
+
+
+def test_a_decimal_label_is_read_as_float64_and_said_so(files, tmp_path, capsys):
+    from decimal import Decimal
+
+    d, _ = files
+    src = tmp_path / "money.parquet"
+    values = [Decimal("12.34"), Decimal("0.99"), Decimal("250.00"), Decimal("75.50")] * 50
+    x = np.linspace(0, 1, len(values))
+    pq.write_table(pa.table({"x": x, "z": np.cos(7 * x), "price": pa.array(values, pa.decimal128(12, 2))}), src)
+    out = tmp_path / "o.parquet"
+    code, _, err = run(["privatize", src, "-o", out, "--label-column", "price", "--mechanism", "laplace", "--epsilon",
+                        "1", "--range", "0", "300", "--key-file", d / "key", "--quiet"], capsys)
+    assert code == 0, err
+    side = json.loads((tmp_path / "o.parquet.json").read_text())
+    assert side["label_type"] == "decimal128(12, 2) read as float64"
+    assert pq.read_table(out).schema.field("price").type == pa.float64()
+    code, _, err = run(["privatize-table", src, "-o", tmp_path / "t.parquet", "--label-column", "price", "--range",
+                        "0", "300", "--epsilon", "1", "--key-file", d / "key", "--quiet"], capsys)
+    assert code == 0, err
+    side = json.loads((tmp_path / "t.parquet.json").read_text())
+    assert side["label_type"] == "decimal128(12, 2) read as float64" and side["features"]["used"] == ["x", "z"]
+
+
+def test_every_long_pass_shows_a_bar_with_a_total(files, tmp_path, capsys):
+    d, _ = files
+    src = tmp_path / "t.csv"
+    rng = np.random.default_rng(0)
+    pacsv.write_csv(pa.table({"x": rng.normal(size=3000), "y": rng.uniform(size=3000)}), src)
+    size = src.stat().st_size
+    code, _, err = run(["privatize", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--mechanism", "laplace",
+                        "--epsilon", "1", "--range", "0", "1", "--key-file", d / "key"], capsys)
+    assert code == 0, err
+    # the inline fit's read pass and the release, each with its total (the file's bytes) and the time left
+    for desc in ("read labels", "privatize"):
+        bar = [line for line in err.replace("\r", "\n").splitlines() if line.startswith(desc + ":")]
+        assert bar and "100%" in bar[-1] and "<00:00" in bar[-1], err
+    from tqdm import tqdm
+
+    assert err.count(f"{tqdm.format_sizeof(size, divisor=1024)}/{tqdm.format_sizeof(size, divisor=1024)}") >= 2, err
+    code, _, err = run(["privatize-table", src, "-o", tmp_path / "p.csv", "--label-column", "y", "--range", "0", "1",
+                        "--epsilon", "1", "--key-file", d / "key"], capsys)
+    assert code == 0, err
+    text = err.replace("\r", "\n")
+    for desc in ("[1/4] read labels", "[2/4] read table", "[4/4] write"):
+        assert any(line.startswith(desc + ":") and "100%" in line for line in text.splitlines()), (desc, err)
+    assert "[3/4] pipeline auto: 3/3 steps" in text  # auto's own steps, each named as it runs
+    for step in ("design (public)", "private linear fit and residual histogram", "release"):
+        assert step in text, (step, err)
+    code, _, err = run(["privatize-table", src, "-o", tmp_path / "q.csv", "--label-column", "y", "--range", "0", "1",
+                        "--epsilon", "1", "--key-file", d / "key", "--quiet"], capsys)
+    assert code == 0 and "read table" not in err and "%" not in err, err

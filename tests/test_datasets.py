@@ -170,8 +170,10 @@ def test_load_table_csv_and_parquet(tmp_path):
     with pytest.warns(UserWarning) as caught:
         data = load_table(path, "y", 0.0, 1.0)
     said = " ".join(str(w.message) for w in caught)
-    assert "non-numeric" in said and "city" in said and "gappy" in said
-    assert isinstance(data, Dataset) and data.feature_names == ("x",)
+    assert "city (not numeric (text))" in said and "gappy has 1 missing value(s)" in said
+    # a feature with a gap is kept: the gap filled with the median of the observed values, plus an indicator
+    assert isinstance(data, Dataset) and data.feature_names == ("x", "gappy", "gappy_missing")
+    np.testing.assert_array_equal(data.features, [[1, 3, 0], [2, 3.5, 1], [3, 4, 0]])
     np.testing.assert_array_equal(data.labels, [0.5, 0.25, 1.0])
     assert any("gappy" in note for note in data.notes) and any("city" in note for note in data.notes)
 
@@ -184,7 +186,7 @@ def test_load_table_csv_and_parquet(tmp_path):
 
 def test_load_table_errors_name_the_value(tmp_path):
     path = _write_csv(tmp_path / "t.csv", ["x", "y"], [(1, 0.5), (2, 7.5)])
-    with pytest.raises(InputError, match="'price'.*x, y"):
+    with pytest.raises(InputError, match="'price'.*'x', 'y'"):
         load_table(path, "price", 0.0, 1.0)
     with pytest.raises(InputError, match=r"y\[1\]=\S*7\.5"):
         load_table(path, "y", 0.0, 1.0)

@@ -399,17 +399,50 @@ def table_file(rows: int, cache_dir) -> Path:
                            make_chunk)
 
 
+_PEAK_RSS_CHILD = """
+import resource, sys
+from rpwjax.keys import Secret
+from rpwjax.pipelines.table import privatize_table
+src, dst, lo, hi, eps = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+privatize_table(src, dst, label_column=sys.argv[6], lo=lo, hi=hi, epsilon=eps, pipeline="auto",
+                secret=Secret.from_seed(7))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
+
+def peak_rss_mb(src, dst, label_column: str, lo: float, hi: float, epsilon: float) -> float:
+    """Peak resident memory (MiB) of one ``privatize_table(..., pipeline="auto")`` call in a fresh Python process
+    (imports included: what ``rpwjax privatize-table`` costs a machine). Linux/macOS (``ru_maxrss``)."""
+    import subprocess
+    import sys
+
+    import rpwjax
+
+    env = dict(os.environ)
+    root = str(Path(rpwjax.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    done = subprocess.run([sys.executable, "-c", _PEAK_RSS_CHILD, str(src), str(dst), str(lo), str(hi), str(epsilon),
+                           label_column], capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the peak-RSS run failed: {done.stderr.strip().splitlines()[-1:]}")
+    for suffix in ("", ".json"):
+        Path(str(dst) + suffix).unlink(missing_ok=True)
+    kib = int(done.stdout.strip().splitlines()[-1])
+    return round(kib / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)  # macOS reports bytes
+
+
 def table_auto_thunk(rows: int, cache_dir, epsilon: float = SEARCH_EPSILON):
     """Timed call: ``privatize_table(..., pipeline="auto")`` at ``epsilon`` (what ``rpwjax privatize-table
     --pipeline auto`` runs: read, every statistic and fit, release, write). The thunk's ``meta`` receives the
-    rule's choice."""
+    rule's choice and ``peak_rss_mb``, the peak memory of one such call in a fresh process (measured once, in
+    setup: :func:`peak_rss_mb`)."""
     from rpwjax.keys import Secret
     from rpwjax.pipelines.table import privatize_table
 
     src = table_file(rows, cache_dir)
     dst = Path(cache_dir) / f"out-table-auto-{os.getpid()}.parquet"
     secret = Secret.from_seed(7)
-    meta = {}
+    meta = {"peak_rss_mb": peak_rss_mb(src, dst, TABLE_LABEL, *TABLE_RANGE, epsilon)}
 
     def call():
         sidecar = privatize_table(src, dst, label_column=TABLE_LABEL, lo=TABLE_RANGE[0], hi=TABLE_RANGE[1],

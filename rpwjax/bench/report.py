@@ -191,8 +191,9 @@ def comparison_lines(cases: list[dict], families=SUMMARY_FAMILIES) -> list[str]:
             lines.append(f"{head}: not measured")
             continue
         choice = f" [{c['meta']['branch']}, {c['meta']['release']}]" if c["meta"].get("release") else ""
+        memory = f", peak RSS {c['meta']['peak_rss_mb']:.0f} MiB" if c["meta"].get("peak_rss_mb") else ""
         lines.append(f"{head}{choice} {c['median_s']:.4g} s, {c['baseline']} {c['baseline_median_s']:.4g} s, "
-                     f"ratio {c['ratio']:.4g} (medians of {c['repeats']})")
+                     f"ratio {c['ratio']:.4g} (medians of {c['repeats']}){memory}")
     return lines
 
 

@@ -47,7 +47,7 @@ import pyarrow.csv as pacsv
 from scipy import special
 
 from rpwjax.errors import InputError, check_labels, check_range
-from rpwjax.io import read_feature_table
+from rpwjax.tables import read_feature_table
 
 __all__ = [
     "CALIFORNIA_RANGE",
@@ -276,18 +276,26 @@ def load_dataset(name: str, *, n: int | None = None, seed: int = 0) -> Dataset:
 # --------------------------------------------------------------------------- user tables
 
 
-def load_table(path, label_column: str, lo: float, hi: float, *, clip: bool = False, encoding=None) -> Dataset:
-    """A user's CSV or Parquet table as a :class:`Dataset` (:func:`rpwjax.io.read_feature_table`).
+def load_table(path, label_column: str, lo: float, hi: float, *, clip: bool = False, encoding=None, features=None,
+               exclude=None, report=None) -> Dataset:
+    """A user's CSV or Parquet table as a :class:`Dataset` (:func:`rpwjax.tables.read_feature_table`).
 
-    Features are the numeric columns other than the label; each dropped
-    column is recorded in ``Dataset.notes`` and reported with a ``UserWarning``.
+    Features are chosen as ``rpwjax privatize-table`` chooses them (:func:`rpwjax.tables.choose_features`:
+    ``features``/``exclude``, else the numeric columns that do not look like identifiers; missing values
+    filled with the column's median, plus a 0/1 indicator column). ``report(line)``, if given, receives
+    the choice in words (one line each for the columns used, left out and filled); else each column left
+    out or filled is reported with a ``UserWarning``. ``Dataset.notes`` records them.
     Labels must be numeric, finite and inside the public ``[lo, hi]``
     (``clip=True`` clips those outside; NaN is always an error).
     """
     lo, hi = check_range(lo, hi)
-    table = read_feature_table(path, label_column, encoding=encoding)
-    for note in table.notes:
-        warnings.warn(f"{Path(path).name}: {note}", UserWarning, stacklevel=2)
+    table = read_feature_table(path, label_column, encoding=encoding, features=features, exclude=exclude)
+    if report is not None:
+        for line in table.choice.lines():
+            report(line)
+    else:
+        for note in table.notes:
+            warnings.warn(f"{Path(path).name}: {note}", UserWarning, stacklevel=2)
     return _make_dataset(Path(path).stem, table.features, table.labels, lo, hi, table.feature_names, table.notes,
                          clip=clip, label_name=label_column)
 

@@ -67,12 +67,17 @@ class Pipeline:
             raise InputError(f"pipeline {self.name!r} is not a two-stage pipeline")
         return TwoStageConfig(bins=bins, **self.settings)
 
-    def run(self, features, labels, lo, hi, epsilon, *, secret: Secret, epochs: int = 50, bins: int = 32):
-        """Private training labels for one ε: ``(labels, record)`` (the record is the accounting)."""
+    def run(self, features, labels, lo, hi, epsilon, *, secret: Secret, epochs: int = 50, bins: int = 32,
+            step=None):
+        """Private training labels for one ε: ``(labels, record)`` (the record is the accounting).
+
+        ``step(name)``, if given, is called as each step of the pipeline starts (``auto``'s steps; the
+        others are one step)."""
         if self.kind == "auto":
             from rpwjax.pipelines.auto import auto_labels
 
-            return auto_labels(features, labels, lo, hi, epsilon, secret=secret, bins=bins, **self.settings)
+            return auto_labels(features, labels, lo, hi, epsilon, secret=secret, bins=bins, step=step,
+                               **self.settings)
         if self.kind == "feature-prior":
             from rpwjax.pipelines.feature_prior import feature_prior_labels
 

@@ -394,29 +394,38 @@ def _grouped_unbiased(prior, y, lo, hi, eps2, secret: Secret):
     return out, {"denoised": False, "groups": len(fields), "release": fields}
 
 
-def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int = 32, branch: str | None = None):
+def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int = 32, branch: str | None = None,
+                step=None):
     """Private training labels by the ``auto`` rule: ``(labels, record)``; ``record["auto"]`` is the rule's trace.
 
     ``branch`` fixes step 2 (``"denoised"`` or ``"unbiased"``; for validating the rule, see the module docstring).
+    ``step(name)``, if given, is called as each step starts (a progress bar's).
     """
     from rpwjax.pipelines.calibrated import calibrated_denoised
 
+    step = step or (lambda name: None)
     lo, hi = check_range(lo, hi)
     eps = float(check_epsilon(epsilon))
     y = check_labels(labels, lo, hi)
-    x = check_features(features, y)
     check_secret(secret)
+    step("design (public)")
+    x = check_features(features, y)
     design, bound = afforded_design(x, eps)
+    del x
     p = plan(eps, y.size, design.shape[1] - 1, bound, hi - lo, branch)
     trace = {"rule": "rpwjax.pipelines.auto", "plan": p.to_json()}
     if p.branch == "calibrated":
+        step("calibrated release")
         out, record = calibrated_denoised(y, lo, hi, eps, secret=secret.child("auto-calibrated"),
                                           prior_fraction=CALIBRATED_PRIOR_FRACTION, bins=bins)
         return out, {**record, "pipeline": "auto", "per_label_epsilon": eps, "denoised": True, "auto": trace}
     s = secret.child("auto-linear").for_epsilon(eps)
+    step("private linear fit and residual histogram")
     prior, eps2, calibration = feature_aware_prior(design, bound, y, lo, hi, p, s)
+    del design  # (rows, k + 1) float64: the release needs only the centres
     trace["calibration"] = calibration
     trace["fit"] = prior.fit
+    step(f"{p.branch} release")
     if p.branch == "unbiased":
         out, fields = _grouped_unbiased(prior, y, lo, hi, eps2, s)
         mechanism = "unbiased"

@@ -27,6 +27,7 @@ from rpwjax.priors import histogram_prior
 from rpwjax.release_path import release, sidecar_fields
 
 STAGE2 = ("rpwithprior", "unbiased")
+LEVEL_ROW_BLOCK = 1 << 13  # rows whose priors are gathered at once (a multiple of the posterior's row chunk)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +99,17 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
         fitted = fit_rpwithprior_per_row(level_priors, zeta, eps2)
         params = dataclasses.replace(fitted, epsilon=fitted.epsilon[inverse], zeta=fitted.zeta[inverse],
                                      a1=fitted.a1[inverse], a2=fitted.a2[inverse])
-        priors = dataclasses.replace(level_priors, left=np.asarray(level_priors.left)[inverse],
-                                     right=np.asarray(level_priors.right)[inverse],
-                                     mass=np.asarray(level_priors.mass)[inverse])
+        noisy = release(params, secret.child("release"), labels)
+        # a row's prior is its level's: gathered a block of rows at a time, never (rows, bins) for every row at once
+        left, right, mass = (np.asarray(v) for v in (level_priors.left, level_priors.right, level_priors.mass))
+        out = np.empty(noisy.shape, np.float64)
+        for i in range(0, out.size, LEVEL_ROW_BLOCK):
+            rows, at = inverse[i:i + LEVEL_ROW_BLOCK], slice(i, i + LEVEL_ROW_BLOCK)
+            block_params = dataclasses.replace(params, epsilon=params.epsilon[at], zeta=params.zeta[at],
+                                               a1=params.a1[at], a2=params.a2[at])
+            block_priors = dataclasses.replace(level_priors, left=left[rows], right=right[rows], mass=mass[rows])
+            out[at] = posterior_mean_per_row(block_params, block_priors, noisy[at])
+        return out, {"zeta": zeta, "denoised": True, "row_prior": row_prior, "release": sidecar_fields(params)}
     else:
         priors = row_priors(prior.edges, prior.mass, centres, lo, hi)
         params = fit_rpwithprior_per_row(priors, zeta, eps2)

@@ -2,15 +2,19 @@
 
 The table is read in memory (the pipelines train models on all rows). Every
 label is checked first (errors name the data row and line), the features are
-standardized with their own statistics (features are public under label-DP),
-the pipeline of the registry runs once, and the output keeps every other
-column as it came in (:func:`rpwjax.io.copy_with_labels`); the sidecar
-``OUTPUT.json`` carries the accounting. Nothing is written unless the whole
-run succeeds.
+chosen (:func:`rpwjax.tables.choose_features`: ``features``/``exclude``, or
+the numeric columns that do not look like identifiers; missing values
+filled) and standardized with their own statistics (features are public
+under label-DP), the pipeline of the registry runs once, and the output keeps
+every other column as it came in (:func:`rpwjax.io.copy_with_labels`; CSV
+into Parquet: each column as the type of all its values); the sidecar
+``OUTPUT.json`` carries the accounting and the feature choice. Nothing is
+written unless the whole run succeeds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -25,24 +29,91 @@ DEFAULT_EPOCHS = 50
 
 
 def standardized(features) -> np.ndarray:
-    """Features centred and scaled by their own mean and standard deviation (constant columns: scale 1)."""
-    x = np.asarray(features, np.float64)
-    scale = x.std(axis=0)
-    return ((x - x.mean(axis=0)) / np.where(scale > 0, scale, 1.0)).astype(np.float32)
+    """Features centred and scaled by their own mean and standard deviation (constant columns: scale 1), float32.
+
+    Column by column in float64: peak memory is the float32 matrix and one float64 column."""
+    x = np.asarray(features)
+    out = np.empty(x.shape, np.float32)
+    for j in range(x.shape[1]):
+        col = x[:, j].astype(np.float64)
+        scale = col.std()
+        out[:, j] = (col - col.mean()) / (scale if scale > 0 else 1.0)
+    return out
+
+
+WRITE_CHUNK_ROWS = 1 << 18  # rows per batch of the write (the labels are known: the output does not depend on it)
+
+
+def _give_back_memory():
+    """Hand memory freed by the last step back to the system (glibc keeps freed blocks in its arenas, pyarrow in its
+    pool), so that one step's peak does not stay resident under the next."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+class _Steps:
+    """The run's steps on stderr: each pass over the file is a bar of its own named ``[i/N] step`` (one bar at a time,
+    so that an error leaves its one line and no bar); the pipeline's steps are one bar, its postfix the step."""
+
+    def __init__(self, count: int, enabled: bool):
+        self.count, self.enabled, self.done = count, enabled, 0
+
+    def desc(self, name: str) -> str:
+        _give_back_memory()
+        self.done += 1
+        return f"[{self.done}/{self.count}] {name}"
+
+    @contextlib.contextmanager
+    def pipeline(self, name: str, steps: int):
+        """A bar over the pipeline's ``steps``; yields ``step(name)`` for :meth:`rpwjax.pipelines.Pipeline.run`."""
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc=self.desc(name), unit="step", disable=not self.enabled,
+                   bar_format="{desc}: {n_fmt}/{total_fmt} steps [{elapsed}] {postfix}")
+        started = []
+
+        def step(what):
+            _give_back_memory()
+            if started:
+                bar.update(1)
+            started.append(what)
+            bar.set_postfix_str(what)
+
+        try:
+            yield step
+            bar.update(bar.total - bar.n)
+        except BaseException:
+            bar.leave = False
+            raise
+        finally:
+            bar.close()
 
 
 def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi: float, epsilon: float,
                     pipeline: str = "auto", secret: Secret, clip: bool = False, encoding=None,
-                    epochs: int | None = None, release_id: str | None = None, before_commit=None) -> dict:
+                    epochs: int | None = None, release_id: str | None = None, before_commit=None,
+                    features=None, exclude=None, progress: bool = False, report=None) -> dict:
     """Privatize ``label_column`` of a CSV/Parquet table with a registry pipeline; returns the sidecar.
 
     ``epochs`` (stage-model epochs) is refused for a pipeline that trains no stage model. Every draw of
     the pipeline comes from ``secret`` bound to one release (``release_id``, fresh by default, unless
     ``secret`` is already bound; the sidecar records it). ``before_commit(rows)``, if given, runs once the
-    output is complete and before it appears; the dict it returns joins the sidecar.
+    output is complete and before it appears; the dict it returns joins the sidecar. ``features`` /
+    ``exclude``: the feature columns on purpose (:func:`rpwjax.tables.choose_features`). ``progress``: bars
+    on stderr for each step (reading, the pipeline's steps, writing). ``report(line)``, if given, receives
+    the feature choice in words.
     """
-    from rpwjax.experiments.datasets import load_table
-    from rpwjax.privatize import DEFAULT_CHUNK_ROWS, bind_release
+    from rpwjax.privatize import bind_release
+    from rpwjax.tables import read_feature_table
 
     row = lookup(pipeline)
     eps = float(check_epsilon(epsilon))
@@ -61,17 +132,32 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
     if isinstance(epochs, bool) or int(epochs) != epochs or epochs < 1:
         raise InputError(f"epochs must be a positive integer, got epochs={epochs!r}")
     source = io.TableSource(input_path, label_column, encoding=encoding)
+    steps = _Steps(4, progress)
     # every label checked first, so that errors name the data row and line
-    io.read_labels(input_path, label_column, encoding=encoding, check=(lo, hi, clip))
-    data = load_table(input_path, label_column, lo, hi, clip=clip, encoding=encoding)
-    y = data.labels
-    labels, record = row.run(standardized(data.features), y, lo, hi, eps, secret=secret, epochs=int(epochs))
+    with io.progress_bar(source, steps.desc("read labels"), enabled=progress) as bar:
+        y = io.read_labels(input_path, label_column, encoding=encoding, check=(lo, hi, clip), bar=bar)
+    if clip:
+        y = np.clip(y, lo, hi)  # what every mechanism does first: no privacy cost
+    table = read_feature_table(input_path, label_column, encoding=encoding, features=features, exclude=exclude,
+                               progress=progress, desc=steps.desc("read table"))
+    if table.labels.size != y.size:
+        raise InputError(f"{str(input_path)!r} changed while it was read ({y.size} rows, then {table.labels.size})")
+    if report is not None:
+        for line in table.choice.lines():
+            report(line)
+    x = standardized(table.features)
+    choice, label_type, schema_types = table.choice, table.label_type, table.column_types
+    del table  # what stays is the standardized float32 features and the labels
+    with steps.pipeline(f"pipeline {pipeline}", pipeline_steps(row)) as step:
+        labels, record = row.run(x, y, lo, hi, eps, secret=secret, epochs=int(epochs), step=step)
+    del x
     labels = np.asarray(labels, dtype=np.float64)
     if labels.shape != y.shape or not np.all(np.isfinite(labels)):
         raise RuntimeError("the pipeline produced labels of the wrong shape or non-finite labels")
     sidecar = {
         "format_version": 1, "pipeline": pipeline, "rows": int(y.size),
-        "feature_columns": list(data.feature_names), "label_column": label_column,
+        "feature_columns": list(choice.columns), "features": choice.record(), "label_column": label_column,
+        **({"label_type": label_type} if label_type else {}),
         "postprocessing": row.postprocessing,
         "accounting": record,
         **secret_record(secret),
@@ -82,11 +168,17 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
     dump(sidecar)  # fail before writing
     out = Path(output_path)
     with io.atomic_outputs(out, out.with_name(out.name + ".json")) as (tmp, tmp_json):
-        rows = io.copy_with_labels(source, tmp, kind, lambda first, part: labels[first - 1: first - 1 + part.size],
-                                   chunk_rows=DEFAULT_CHUNK_ROWS)
+        with io.progress_bar(source, steps.desc("write"), enabled=progress) as bar:
+            rows = io.copy_with_labels(source, tmp, kind, lambda first, part: labels[first - 1: first - 1 + part.size],
+                                       chunk_rows=WRITE_CHUNK_ROWS, bar=bar, types=schema_types)
         if rows != y.size:
             raise InputError(f"{str(input_path)!r} changed while it was read ({y.size} rows, then {rows})")
         if before_commit is not None:
             sidecar.update(before_commit(rows))
         tmp_json.write_text(dump(sidecar))
     return sidecar
+
+
+def pipeline_steps(row) -> int:
+    """How many steps ``row.run`` reports (``auto``: design, statistics, release; the others: one)."""
+    return 3 if row.kind == "auto" else 1
