@@ -61,6 +61,21 @@ def _fresh_jax_caches():
         jax.clear_caches()
 
 
+FEWER_FRESH_LABELS = 512  # two of the realized check's stream batches of 256 labels
+
+
+@pytest.fixture
+def fewer_fresh_labels(monkeypatch):
+    """Audits in the test (``audit_mechanism``, ``rpwjax audit``) draw FEWER_FRESH_LABELS fresh random labels for
+    the realized check instead of the shipped 4,096, which cost most of a full run's time; the audit is otherwise
+    the shipped one. tests/test_audit.py runs every registered mechanism with the shipped count under the
+    ``stat`` marker."""
+    from rpwjax.audit.checks import audit_mechanism
+
+    monkeypatch.setitem(audit_mechanism.__kwdefaults__, "fresh_labels", FEWER_FRESH_LABELS)
+    return FEWER_FRESH_LABELS
+
+
 @pytest.fixture
 def histogram_epsilons(monkeypatch):
     """The ε of every integer-noise histogram release, in order, as the noise sampler receives it
