@@ -27,12 +27,53 @@ def rng():
     return np.random.default_rng(20261130)
 
 
+def _memory_maps() -> int | None:
+    """Memory mappings this process holds (Linux), or None where /proc cannot tell."""
+    try:
+        with open(f"/proc/{os.getpid()}/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return None
+
+
+def _map_limit() -> int:
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530  # the kernel's default
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _fresh_jax_caches():
-    """Each test module starts with empty JAX compilation caches: a full run compiles thousands of shapes, and
-    holding every executable of every module at once once made XLA's compiler crash late in the run."""
+    """Empty JAX's compilation caches after a module only when the process's memory mappings near the limit.
+
+    XLA's CPU backend maps every compiled executable's code into memory: about 2 mappings for a tiny program,
+    15-20 for a typical one here (measured: 300 small jitted functions took 5,500). A full run that holds every
+    executable of every module would pass Linux's default limit of 65,530 mappings per process
+    (vm.max_map_count), and then the compiler's next allocation fails: the likely cause of the crash a full
+    run once had late in the run (not reproduced since). Clearing after every module dodged it but made each
+    module recompile everything; clearing only past half the limit keeps the executables a run reuses and
+    stays far from it. Where /proc cannot tell (not Linux), every module still starts empty.
+    """
     yield
-    jax.clear_caches()
+    maps = _memory_maps()
+    if maps is None or maps > _map_limit() // 2:
+        jax.clear_caches()
+
+
+FEWER_FRESH_LABELS = 512  # two of the realized check's stream batches of 256 labels
+
+
+@pytest.fixture
+def fewer_fresh_labels(monkeypatch):
+    """Audits in the test (``audit_mechanism``, ``rpwjax audit``) draw FEWER_FRESH_LABELS fresh random labels for
+    the realized check instead of the shipped 4,096, which cost most of a full run's time; the audit is otherwise
+    the shipped one. tests/test_audit.py runs every registered mechanism with the shipped count under the
+    ``stat`` marker."""
+    from rpwjax.audit.checks import audit_mechanism
+
+    monkeypatch.setitem(audit_mechanism.__kwdefaults__, "fresh_labels", FEWER_FRESH_LABELS)
+    return FEWER_FRESH_LABELS
 
 
 @pytest.fixture

@@ -21,6 +21,18 @@ from rpwjax.mechanisms.rr_on_bins import RROnBins
 from helpers import slow_unless
 
 SAMPLES = 200_000  # per label; enough to catch every broken mechanism below with a wide margin
+# the tests about the fresh labels, and those marked stat, keep the shipped count; the others draw fewer
+SHIPPED_FRESH = {"test_a_sampler_that_leaks_in_a_narrow_interval_is_caught_by_the_fresh_labels",
+                 "test_audit_seed_reproduces_the_labels_and_is_reported"}
+
+
+@pytest.fixture(autouse=True)
+def _fewer_fresh_labels(request):
+    """Audits here draw conftest's FEWER_FRESH_LABELS fresh labels, except in SHIPPED_FRESH and stat tests."""
+    if request.node.originalname not in SHIPPED_FRESH and request.node.get_closest_marker("stat") is None:
+        request.getfixturevalue("fewer_fresh_labels")
+
+
 # mechanisms known to spend their whole budget on the pair (lo, hi): the audit must come close to ε on them
 TIGHT = {"laplace", "staircase", "rpwithprior", "rr-on-bins"}
 
@@ -131,6 +143,20 @@ def test_registered_mechanism_passes(name, epsilon):
             width = params.hi - params.lo
             closed_form = gaussian_delta(params.sigma, epsilon, width)
             assert report.exact_delta == pytest.approx(closed_form, rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.stat
+@pytest.mark.parametrize("name, epsilon", [(name, eps) for name in mechanism_names() for eps in (1.0, 2.0)],
+                         ids=[f"{name}-{eps}" for name in mechanism_names() for eps in (1.0, 2.0)])
+def test_registered_mechanism_passes_with_the_shipped_fresh_labels(name, epsilon):
+    """The realized check as ``rpwjax audit`` runs it, with audit_module.FRESH_LABELS fresh labels (the audits
+    of test_registered_mechanism_passes draw fewer: conftest's fewer_fresh_labels)."""
+    params = fit_example(name, epsilon)
+    report = audit_mechanism(params, samples=SAMPLES, name=name)
+    assert report.details["realized"]["fresh_labels"] == audit_module.FRESH_LABELS
+    assert report.realized_pass, report.details["realized"]
+    assert report.passed
 
 
 # --------------------------------------------------------------------------- broken mechanisms are caught

@@ -476,6 +476,7 @@ def test_report_is_json_without_infinities(saved):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fewer_fresh_labels")
 def test_audit_params_passes_on_an_honest_file(saved, capsys):
     code, out, err = run(["audit", "--params", saved_fit(saved, "rr-on-bins"), "--samples", "20000"], capsys)
     assert code == 0, out + err
@@ -488,6 +489,7 @@ def test_audit_params_passes_on_an_honest_file(saved, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("fewer_fresh_labels")
 def test_audit_params_fails_on_an_edited_file(saved, tmp_path, capsys):
     rec = record(saved, "rpwithprior")
     eps2 = rec["epsilon_mechanism"]
