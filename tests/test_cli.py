@@ -287,13 +287,15 @@ def test_shards_with_row_offsets_match_one_run(files, tmp_path, capsys):
     whole = tmp_path / "whole.parquet"
     assert run(["privatize", str(d / "t.parquet"), "-o", str(whole), "--label-column", "value",
                 "--key-file", str(d / "key"), "--params", str(params), "--quiet"], capsys)[0] == 0
+    rid = json.loads((tmp_path / "whole.parquet.json").read_text())["release_id"]  # the shards are that release
     parts = []
     for i, (lo, hi) in enumerate(((0, 1234), (1234, 5000))):
         shard = tmp_path / f"shard{i}.parquet"
         pq.write_table(table.slice(lo, hi - lo), shard)
         out = tmp_path / f"out{i}.parquet"
         assert run(["privatize", str(shard), "-o", str(out), "--label-column", "value", "--key-file", str(d / "key"),
-                    "--params", str(params), "--row-offset", str(lo), "--quiet"], capsys)[0] == 0
+                    "--params", str(params), "--row-offset", str(lo), "--quiet", "--release-id", rid,
+                    "--ledger", str(tmp_path / f"shard{i}.jsonl")], capsys)[0] == 0
         parts.append(pq.read_table(out).column("value").to_numpy())
     np.testing.assert_array_equal(np.concatenate(parts), pq.read_table(whole).column("value").to_numpy())
 
