@@ -359,13 +359,19 @@ def test_parameters_that_are_not_the_fit_of_the_saved_prior_are_refused(saved, n
 
 @pytest.mark.slow
 def test_honest_fits_refit_to_the_same_parameters(saved):
-    # private histograms whose masses do not sum to exactly 1 in float64 (seeds 70 and 130 of these labels): the
+    # private histograms whose masses do not sum to exactly 1 in float64 (the first two seeds that give one): the
     # refit must use the saved masses as written, or the interval search moves A1 and A2 in the 8th digit
     labels = np.random.default_rng(0).beta(2, 5, 5000)
-    for seed in (70, 130):
+    found = 0
+    for seed in range(400):
         rec = json.loads(json.dumps(api.fit("rpwithprior", labels, range=(0, 1), epsilon=1.0, seed=seed).records()[0]))
-        assert abs(sum(rec["prior"]["masses"]) - 1) > 0
+        if abs(sum(rec["prior"]["masses"]) - 1) == 0:
+            continue
         assert verify.check_record(rec, exact=False, realized=False)[1]["checks"]["refit"] is True
+        found += 1
+        if found == 2:
+            break
+    assert found == 2
     # one record of a fit over an epsilon grid (Unbiased pads every epsilon to the same number of outputs)
     for mechanism in ("unbiased", "rr-on-bins"):
         for rec in api.fit(mechanism, labels, range=(0, 1), epsilon=[0.5, 1.0, 2.0], seed=3).records():
