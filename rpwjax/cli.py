@@ -167,13 +167,13 @@ def _secret(args):
 
 
 def _release_run(args, command: str, input_path, label_column, settings: dict, row_offset: int = 0,
-                 what: str = "input file"):
+                 what: str = "input file", identity_settings="same"):
     """The command's release: its secret bound to a release id, and its ledger record (rpwjax.privatize.ReleaseRun)."""
     from rpwjax.privatize import ReleaseRun
 
     return ReleaseRun(secret=_secret(args), command=command, input_path=input_path, label_column=label_column,
                       settings=settings, release_id=args.release_id, row_offset=row_offset, ledger_file=args.ledger,
-                      key_file=args.key_file, budget=args.budget, what=what)
+                      key_file=args.key_file, budget=args.budget, what=what, identity_settings=identity_settings)
 
 
 def _fit_settings(args) -> dict:
@@ -323,7 +323,8 @@ def cmd_privatize(args) -> int:
     # posterior denoising, which makes a prior-free mechanism's inline fit spend epsilon_1 on a histogram
     settings = dict(_fit_settings(args), spend_prior=args.denoise == "posterior",
                     params=None if not args.params else file_sha256(args.params, "params file"))
-    run = _release_run(args, "privatize", args.input, args.label_column, settings, row_offset=args.row_offset)
+    run = _release_run(args, "privatize", args.input, args.label_column, settings, row_offset=args.row_offset,
+                       identity_settings=None if args.params else "same")
     secret = run.secret
     prior = None
     if args.denoise == "debias" and args.mechanism is not None:

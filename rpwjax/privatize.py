@@ -79,12 +79,15 @@ class ReleaseRun:
 
     def __init__(self, *, secret: Secret, command: str, input_path, label_column, settings: dict,
                  release_id=None, row_offset: int = 0, ledger_file=None, key_file=None, budget=None,
-                 what: str = "input file"):
+                 what: str = "input file", identity_settings="same"):
         self.root = check_secret(secret)
         if self.root.release_id is not None:
             raise InputError("a command's release starts from the unbound secret (a key file or OS entropy)")
         self.budget = ledger.check_budget(budget)
-        identity = dict(command=command, label_column=label_column, settings=settings)
+        # the release's identity: a --params release keys on the parameters alone (release() adds their digest),
+        # as the Python privatize_file and the Dask path do, so the three give the same labels for one release id
+        identity = dict(command=command, label_column=label_column,
+                        settings=settings if identity_settings == "same" else identity_settings)
         source = ledger.input_record(input_path, what)
         if release_id is None and self.root.reproducible:
             # an integer seed (experiments) reproduces a run: its id follows from the seed, the input and the settings
@@ -92,7 +95,7 @@ class ReleaseRun:
                                                                                row_offset=row_offset)))[:16].hex()
         self.secret = bind_release(self.root, release_id, **identity)
         self.ledger = ledger.ledger_path(ledger_file, key_file)
-        self._fields = dict(identity, input=source, row_offset=row_offset)
+        self._fields = dict(identity, settings=settings, input=source, row_offset=row_offset)
         self.record = None
         self.line = None
 

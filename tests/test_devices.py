@@ -13,7 +13,7 @@ from rpwjax import cli
 SCRIPT = textwrap.dedent(
     """
     import sys, numpy as np, jax, rpwjax
-    secret = rpwjax.Secret.from_file(sys.argv[2])
+    secret = rpwjax.Secret.from_file(sys.argv[2]).for_release('d3' * 16, test='devices')  # one release, two runs
     y = np.random.default_rng(0).beta(2, 5, 200_003)
     # the private histogram and the release both draw from the key file's secret
     fit = rpwjax.fit("{mechanism}", y, range=(0, 1), epsilon=1.0, secret=secret.child("fit"))
