@@ -319,9 +319,9 @@ def cmd_privatize(args) -> int:
                      inputs=[args.input, args.params, args.key_file, ledger_path(args.ledger, args.key_file)])
     if args.range is not None:
         check_range(*args.range)  # before it joins the release's identity
-    # post-processing is not part of a release's identity (one release may be written raw and debiased), except
-    # posterior denoising, which makes a prior-free mechanism's inline fit spend epsilon_1 on a histogram
-    settings = dict(_fit_settings(args), spend_prior=args.denoise == "posterior",
+    # post-processing is not part of a release's identity (one release may be written raw and denoised), except
+    # posterior denoising of an inline fit, which makes a prior-free mechanism's fit spend epsilon_1 on a histogram
+    settings = dict(_fit_settings(args), spend_prior=args.denoise == "posterior" and not args.params,
                     params=None if not args.params else file_sha256(args.params, "params file"))
     run = _release_run(args, "privatize", args.input, args.label_column, settings, row_offset=args.row_offset,
                        identity_settings=None if args.params else "same")

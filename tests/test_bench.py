@@ -78,9 +78,14 @@ def test_targets_section(bench_run):
     _, _, results = bench_run
     targets = results["targets"]
     assert set(targets) == {t["name"] for t in plans.TARGETS}
-    for t in targets.values():
+    skipped = {(c["family"], c["name"]) for c in results["cases"] if "skipped" in c}
+    for spec in plans.TARGETS:
+        t = targets[spec["name"]]
         assert {"value", "threshold", "met"} <= set(t)
-        assert t["value"] is not None and isinstance(t["met"], bool)
+        if (spec["family"], spec["case"]) in skipped:  # an optional peer that is not installed: no value, a reason
+            assert t["value"] is None and t["met"] is None and t["reason"].startswith("skipped: "), t
+            continue
+        assert t["value"] is not None and isinstance(t["met"], bool), t
         assert t["proxy"] is True  # tiny sizes are never the specified ones
 
 
@@ -137,10 +142,9 @@ def test_privatize_table_family(bench_run):
         assert f"privatize-table rows={size}: auto" in summary(results)
         # peak memory of one call in a fresh process, imports included: JAX alone is 200-300 MiB
         for case in (auto, small):
-            # measured 1,117-1,360 MiB for the tiny plan in a fresh process on the session's last check (the
-            # 1 GB target of the 1e6-row table is not re-verified here): the bound catches a regression to the
-            # old rows x bins growth, which the test below measures directly
-            assert 100 < case["meta"]["peak_rss_mb"] < 1600, case["meta"]
+            # about 640-710 MiB for the tiny plan (the 1e6-row table's 1 GB target is measured by the benchmark
+            # itself); the test below measures growth with rows directly
+            assert 100 < case["meta"]["peak_rss_mb"] < 1024, case["meta"]
         assert "peak RSS" in summary(results)
 
 

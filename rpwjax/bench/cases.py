@@ -406,13 +406,19 @@ from rpwjax.pipelines.table import privatize_table
 src, dst, lo, hi, eps = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
 privatize_table(src, dst, label_column=sys.argv[6], lo=lo, hi=hi, epsilon=eps, pipeline="auto",
                 secret=Secret.from_seed(7))
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+try:  # Linux: this process's own high-water mark (ru_maxrss would include the parent's peak: exec keeps it)
+    with open("/proc/self/status") as f:
+        print(next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")))
+except OSError:
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
 def peak_rss_mb(src, dst, label_column: str, lo: float, hi: float, epsilon: float) -> float:
     """Peak resident memory (MiB) of one ``privatize_table(..., pipeline="auto")`` call in a fresh Python process
-    (imports included: what ``rpwjax privatize-table`` costs a machine). Linux/macOS (``ru_maxrss``)."""
+    (imports included: what ``rpwjax privatize-table`` costs a machine): the child's ``VmHWM`` on Linux. Not its
+    ``ru_maxrss``: a child started by ``subprocess`` (vfork, then exec) inherits the parent's peak in it, so a
+    large test process would be measured instead of the call. macOS falls back to ``ru_maxrss``."""
     import subprocess
     import sys
 
@@ -428,7 +434,7 @@ def peak_rss_mb(src, dst, label_column: str, lo: float, hi: float, epsilon: floa
     for suffix in ("", ".json"):
         Path(str(dst) + suffix).unlink(missing_ok=True)
     kib = int(done.stdout.strip().splitlines()[-1])
-    return round(kib / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)  # macOS reports bytes
+    return round(kib / (1 << 20 if sys.platform == "darwin" else 1 << 10), 1)  # macOS's ru_maxrss is in bytes
 
 
 def table_auto_thunk(rows: int, cache_dir, epsilon: float = SEARCH_EPSILON):

@@ -31,7 +31,9 @@ def evaluate_targets(cases: list[dict]) -> dict:
         if t["metric"] in ("ratio", "speedup"):
             found = [c for c in found if c["ratio"]]
         if not found:
-            entry["reason"] = "not measured in this run"
+            skipped = [c["skipped"] for c in cases if c["family"] == t["family"] and c["name"] == t["case"]
+                       and "skipped" in c]
+            entry["reason"] = f"skipped: {skipped[0]}" if skipped else "not measured in this run"
             out[t["name"]] = entry
             continue
         exact = [c for c in found if c["size"] == t["size"]]
