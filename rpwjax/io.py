@@ -538,18 +538,6 @@ def read_labels(path, label_column: str | None = None, *, encoding=None, check=N
     return np.concatenate(parts)
 
 
-def table_columns(path, *, encoding=None) -> list[str]:
-    """The column names of a CSV or Parquet table."""
-    return TableSource(path, encoding=encoding).names
-
-
-def count_rows(path) -> int | None:
-    """Row count where it is cheap (Parquet metadata); None for CSV."""
-    if file_kind(path) == ".parquet":
-        return pq.ParquetFile(path).metadata.num_rows
-    return None
-
-
 # --------------------------------------------------------------------------- whole CSV tables (in memory)
 
 

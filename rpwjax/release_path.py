@@ -4,7 +4,7 @@ A *release* is the float64 numbers a user publishes, not the mechanism on
 paper. :func:`release` turns labels into released values in four fixed steps:
 
 1. **One uniform per label, from 52 random bits**: ``u = (k + 1/2)·2^-52`` with
-   ``k`` the top 52 bits of a 64-bit ChaCha20 word (:func:`uniform_from_index`,
+   ``k`` the top 52 bits of a 64-bit ChaCha12 word (:func:`uniform_from_index`,
    :mod:`rpwjax.stream`), so ``u`` takes exactly ``N = 2^52`` equally likely
    values in (0, 1), none of them 0 or 1. The word of global row ``i`` depends
    only on ``i`` and a 256-bit key, derived from the secret
@@ -66,7 +66,7 @@ def uniform_from_index(k):
 
 def block_uniforms(key, block_counter):
     """The release path's uniforms of one block of :data:`BLOCK_ROWS` rows: the top 52 bits of each
-    row's 64-bit ChaCha20 word (:func:`rpwjax.stream.block_bits`; needs ``jax.enable_x64``)."""
+    row's 64-bit ChaCha12 word (:func:`rpwjax.stream.block_bits`; needs ``jax.enable_x64``)."""
     return uniform_from_index(block_bits(key, block_counter) >> jnp.uint64(64 - UNIFORM_BITS))
 
 

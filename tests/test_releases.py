@@ -2,7 +2,7 @@
 
 * two releases made with one key file (two ε, two files, two fits, two pipelines) draw
   independent noise, unless one reproduces the other with its own release id;
-* every uniform comes from a 256-bit ChaCha20 key (RFC 8439's block function);
+* every uniform comes from a 256-bit ChaCha12 key (RFC 8439's block function at 12 rounds);
 * every fit, privatize and privatize-table lands in the ledger, which totals ε and δ per
   (input, label column), refuses a release past ``--budget`` before writing anything,
   and stays whole under concurrent runs.
@@ -67,13 +67,27 @@ def privatize(capsys, src, out, key, *options):
     return labels_of(out)
 
 
-def test_chacha20_block_function_matches_rfc_8439():
-    # RFC 8439, 2.3.2: key 00 01 .. 1f, block counter 1, nonce 00:00:00:09:00:00:00:4a:00:00:00:00
+def test_chacha_block_function_matches_published_vectors():
+    # RFC 8439, 2.3.2 (20 rounds): key 00 01 .. 1f, block counter 1, nonce 00:00:00:09:00:00:00:4a:00:00:00:00
     key = np.frombuffer(bytes(range(32)), "<u4")
-    words = stream.chacha_block(key, np.array([1], np.uint32), 0x09000000, nonce=(0x4A000000, 0))
+    words = stream.chacha_block(key, np.array([1], np.uint32), 0x09000000, nonce=(0x4A000000, 0), rounds=20)
     out = b"".join(np.asarray(w, "<u4").tobytes() for w in words)
     assert out.hex() == ("10f1e7e4d13b5915500fdd1fa32071c4c7d1f4c733c068030422aa9ac3d46c4e"
                          "d2826446079faa0914c2d705d98b02a2b5129cd1de164eb9cbd083e8a2503c4e")
+    # the first block of the all-zero 256-bit key and IV at 8, 12 and 20 rounds (draft-strombergson-chacha-test-
+    # vectors, TC1); 12 is what every release uses
+    published = {
+        8: "3e00ef2f895f40d67f5bb8e81f09a5a12c840ec3ce9a7f3b181be188ef711a1e"
+           "984ce172b9216f419f445367456d5619314a42a3da86b001387bfdb80e0cfe42",
+        12: "9bf49a6a0755f953811fce125f2683d50429c3bb49e074147e0089a52eae155f"
+            "0564f879d27ae3c02ce82834acfa8c793a629f2ca0de6919610be82f411326be",
+        20: "76b8e0ada0f13d90405d6ae55386bd28bdd219b8a08ded1aa836efcc8b770dc7"
+            "da41597c5157488d7724e03fb8d84a376a43b8f41518a11cc387b669b2ee6586",
+    }
+    for rounds, expected in published.items():
+        words = stream.chacha_block(np.zeros(8, np.uint32), np.array([0], np.uint32), 0, rounds=rounds)
+        assert b"".join(np.asarray(w, "<u4").tobytes() for w in words).hex() == expected, rounds
+    assert stream.ROUNDS == 12
 
 
 def test_same_key_two_epsilons_draw_independent_noise(files, tmp_path, capsys):

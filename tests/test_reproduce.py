@@ -155,6 +155,20 @@ def test_the_readme_quotes_the_committed_auto_table_and_benchmark_run():
         assert row in readme, row
 
 
+def test_the_readme_results_tables_are_the_committed_sweeps():
+    """Each of the README's results tables (per prior setting and data set) is what ``markdown_tables`` makes of
+    the committed sweep's CSV today: a rerun or an edit of either shows here."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    for prior, folder in (("private", root / "plots"), ("empirical", root / "plots" / "known-prior")):
+        for dataset in ("california", "crime"):
+            table = reproduce.markdown_tables(folder / dataset / "results.csv", prior)
+            assert table.startswith(f"**{dataset}**") and table.count("\n| ") >= 11  # header and ten epsilons
+            assert table in readme, (prior, dataset)
+
+
 @pytest.mark.slow
 def test_run_jobs_runs_each_job_in_its_own_process_and_logs_it(tmp_path, monkeypatch):
     tiny = reproduce.Job("tiny", "tiny", ("--dataset", "crime", "--mechanisms", "laplace", "--epsilon", "1",

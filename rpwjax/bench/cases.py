@@ -45,12 +45,6 @@ class Group:
     members: list
 
 
-def _block(tree):
-    import jax
-
-    return jax.block_until_ready(tree)
-
-
 # data builders: cached (the runner clears them between groups)
 
 
