@@ -83,6 +83,8 @@ def check_labels(labels, lo: float, hi: float, *, clip: bool = False, name: str 
         raise InputError(f"{name} must be numeric, got a value that is not a number") from None
     if y.size == 0:
         raise InputError(f"{name} are empty: need at least one label")
+    if lo <= y.min() and y.max() <= hi:  # two reductions, no temporaries: finite and inside (NaN compares false)
+        return y
     finite = np.isfinite(y)
     if not finite.all():
         i = int(np.flatnonzero(~finite)[0])

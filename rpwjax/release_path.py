@@ -194,8 +194,11 @@ def _release_blocks(params, low, high, key, counters, y_blocks, grid, per_row):
 
 
 def _blocks(values, offset, num_blocks, fill):
-    padded = np.full(num_blocks * BLOCK_ROWS, fill, np.float64)
+    """``values`` placed at ``offset`` in whole blocks, the rest ``fill`` (the padding is released and dropped)."""
+    padded = np.empty(num_blocks * BLOCK_ROWS, np.float64)
+    padded[:offset] = fill
     padded[offset : offset + values.size] = values
+    padded[offset + values.size :] = fill
     return padded.reshape(num_blocks, BLOCK_ROWS)
 
 

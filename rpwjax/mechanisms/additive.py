@@ -195,7 +195,10 @@ class Laplace(_Additive):
         y = _as_float(y)
         u = jnp.asarray(u, y.dtype)
         s = jnp.asarray(self.scale, y.dtype)
-        x = jnp.where(u < 0.5, s * jnp.log(2 * u), -s * jnp.log(2 * (1 - u)))
+        below = u < 0.5
+        # one log per label (where() would evaluate both branches' logs); the same float64 values as
+        # s·log(2u) and (-s)·log(2(1 - u))
+        x = jnp.where(below, s, -s) * jnp.log(jnp.where(below, 2 * u, 2 * (1 - u)))
         return self.clipped(y) + x
 
     @classmethod
