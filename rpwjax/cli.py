@@ -587,14 +587,14 @@ def cmd_bench(args) -> int:
 
 def cmd_audit(args) -> int:
     """Print the audit table (or JSON lines) and every problem; 0 iff every check passes."""
-    from rpwjax.audit import checks
+    from rpwjax.audit import checks, verify
     from rpwjax.errors import InputError
 
     if args.params is not None:
         if args.mechanism is not None or args.epsilon is not None:
             raise InputError("give either --params FILE or --mechanism/--epsilon, not both: a saved fit states its own "
                              "mechanism and epsilon")
-        out = checks.audit_params_file(args.params, samples=args.samples, seed=args.seed, audit_seed=args.audit_seed)
+        out = verify.audit_params_file(args.params, samples=args.samples, seed=args.seed, audit_seed=args.audit_seed)
         report, record = out["report"], out["record"]
         if args.json:
             obj = report.to_json() if report is not None else {"mechanism": record["mechanism"]}

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from rpwjax.mechanisms.base import Mechanism
+from rpwjax import certify
 from rpwjax.errors import InputError, check_labels
 from rpwjax.keys import Secret
+from rpwjax.mechanisms.base import Mechanism
+from rpwjax.privatize import release_secret
+from rpwjax.release_path import release
 
 
 def privatize_dataframe(frame, *, label_column: str, params: Mechanism, secret: Secret, clip: bool = False,
@@ -31,22 +34,16 @@ def privatize_dataframe(frame, *, label_column: str, params: Mechanism, secret: 
     --release-id ID --params ...`` gives the same labels; the derived secret
     travels to the workers inside the task graph, in memory only.
     """
-    from rpwjax.privatize import release_secret
-
     if not isinstance(secret, Secret):
         raise InputError(f"secret must be an rpwjax.keys.Secret (Secret.from_file(KEYFILE)), got {type(secret).__name__}")
     key = release_secret(secret, release_id, label_column=label_column)
     if label_column not in frame.columns:
         raise InputError(f"label column {label_column!r} not found; columns are {list(frame.columns)}")
-    from rpwjax.audit.certify import certify
-
-    certify(params)  # refused here, before the graph: every partition's release would refuse the same parameters
+    certify.certify(params)  # refused here, before the graph: every partition's release would refuse the same parameters
     lengths = frame.map_partitions(len).compute()
     offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))[:-1]])
 
     def one(part, partition_info=None):
-        from rpwjax.release_path import release
-
         if partition_info is None:  # dask's metadata pass on an empty frame
             out = part.copy()
             out[label_column] = out[label_column].astype("float64")

@@ -27,12 +27,15 @@ import json
 
 import numpy as np
 
-from rpwjax import io, ledger
+from rpwjax import certify, io, ledger
+from rpwjax.api import load_params, prior_from_record
+from rpwjax.audit.verify import PUBLIC_PRIOR_KINDS, verified_release
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.errors import InputError, check_label_rows
 from rpwjax.keys import (Secret, canonical_json, check_release_id, check_secret, default_release_id, key_fingerprint,
                          secret_record)
-from rpwjax.release_path import release, sidecar_fields, spec
+from rpwjax.release_path import release, sidecar_fields
+from rpwjax.sampling import spec
 
 DEFAULT_CHUNK_ROWS = 1 << 20
 RELEASE_PURPOSE = "release"
@@ -230,9 +233,7 @@ def privatize_file(
         check_row_offset(row_offset, total)
     sidecar_path = str(output_path) + ".json"
     output_spec = spec(params)  # public, the same for every chunk: computed once
-    from rpwjax.audit.certify import certify
-
-    certify(params, output_spec)  # before any output: the realized check of these exact parameters (cached)
+    certify.certify(params, output_spec)  # before any output: the realized check of these exact parameters (cached)
 
     def released(first: int, y: np.ndarray) -> np.ndarray:
         check_label_rows(y, params.lo, params.hi, clip=clip, first_row=first, where=source.where,
@@ -290,10 +291,6 @@ def load_release_params(path, *, prior_is_public: bool = False, range=None):
     the file's is refused. ``prior`` is the saved histogram (None when none
     was saved).
     """
-    from rpwjax import io
-    from rpwjax.api import load_params, prior_from_record
-    from rpwjax.audit.verify import PUBLIC_PRIOR_KINDS, verified_release
-
     _, record = load_params(io.read_json(path))
     params, record, verified = verified_release(record, name=str(path))
     record = dict(record, verified=verified)

@@ -4,13 +4,14 @@ A *release* is the float64 numbers a user publishes, not the mechanism on
 paper. :func:`release` turns labels into released values in four fixed steps:
 
 1. **One uniform per label, from 52 random bits**: ``u = (k + 1/2)·2^-52`` with
-   ``k`` the top 52 bits of a 64-bit ChaCha12 word (:func:`uniform_from_index`,
+   ``k`` the top 52 bits of a 64-bit ChaCha12 word (:func:`rpwjax.sampling.uniform_from_index`,
    :mod:`rpwjax.stream`), so ``u`` takes exactly ``N = 2^52`` equally likely
    values in (0, 1), none of them 0 or 1. The word of global row ``i`` depends
    only on ``i`` and a 256-bit key, derived from the secret
    (:class:`rpwjax.keys.Secret`) by SHA-256 of the release it belongs to
    (:func:`rpwjax.keys.bound`: its release id and identity), the purpose, the
-   mechanism and a digest of its exact parameters (:func:`params_digest`).
+   mechanism and a digest of its exact parameters
+   (:func:`rpwjax.sampling.params_digest`).
    So two releases, two ε, two stages or two parameter sets never share a
    uniform, even under one key file.
 2. **The mechanism's inverse CDF**, ``x = params.sample_from_uniform(u, y)``,
@@ -21,15 +22,17 @@ paper. :func:`release` turns labels into released values in four fixed steps:
 4. **Clamp to the public output range** ``[a, b]`` (grid points; for the
    additive mechanisms, whose support is unbounded, ``[lo - T, hi + T]``).
 
-Because steps 2-4 are monotone in ``u``, the set of the ``N`` uniforms that
-produce a given released value is an interval of ``k``; its length divided
-by ``N`` is the *realized* probability of that value, which
-:mod:`rpwjax.audit.checks` computes exactly (by bisection on ``k``) and checks
-against ε. The grid and the clamp are chosen from public quantities only
-(the parameters: ε, the range, the noise scale, the fitted interval) by
-:meth:`~rpwjax.mechanisms.base.Mechanism.release_spec`, so that every output cell
-holds at least :data:`MIN_CELL_COUNT` uniforms at every label: then integer
-rounding of the realized probabilities moves a log ratio by less than 1e-7.
+Steps 2-4 are :func:`rpwjax.sampling.released_values`. Because they are
+monotone in ``u``, the set of the ``N`` uniforms that produce a given
+released value is an interval of ``k``; its length divided by ``N`` is the
+*realized* probability of that value, which :mod:`rpwjax.realized` computes
+exactly (by bisection on ``k``) and :mod:`rpwjax.certify` checks against ε
+before every release. The grid and the clamp are chosen from public
+quantities only (the parameters: ε, the range, the noise scale, the fitted
+interval) by :meth:`~rpwjax.mechanisms.base.Mechanism.release_spec`, so that
+every output cell holds at least :data:`~rpwjax.grid.MIN_CELL_COUNT` uniforms
+at every label: then integer rounding of the realized probabilities moves a
+log ratio by less than 1e-7.
 
 The sampling kernels (``Mechanism.sample``) are *not* releases: they draw
 their own uniforms and neither snap nor clamp; they serve tests and
@@ -38,113 +41,17 @@ benchmarks.
 
 from __future__ import annotations
 
-import hashlib
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from rpwjax.mechanisms.base import Mechanism
+from rpwjax import certify
 from rpwjax.errors import InputError, check_labels
-from rpwjax.keys import Secret, bound, canonical_json
-from rpwjax.stream import BLOCK_ROWS, block_bits, block_counters
-
-UNIFORM_BITS = 52
-UNIFORM_COUNT = 1 << UNIFORM_BITS  # N: the number of distinct uniforms
-MIN_CELL_COUNT = 1 << 23  # uniforms that land in any full output cell, at every label (half cells at the ends: half)
-MAX_CELLS = 1 << 16  # the grid is never finer than (b - a) / MAX_CELLS
-# a pure mechanism above this ε has some output with under e^-ε the probability of another, fewer than
-# MIN_CELL_COUNT of the N uniforms where the other has them all: its ratio cannot be certified from counts
-MAX_EPSILON = float(np.log(UNIFORM_COUNT / MIN_CELL_COUNT))  # 29 ln 2 = 20.10
-
-
-def uniform_from_index(k):
-    """``(k + 1/2)·2^-52`` in float64 for integer ``k`` in [0, 2^52): exact, strictly inside (0, 1)."""
-    return (jnp.asarray(k).astype(jnp.float64) + 0.5) * (2.0 ** -UNIFORM_BITS)
-
-
-def block_uniforms(key, block_counter):
-    """The release path's uniforms of one block of :data:`BLOCK_ROWS` rows: the top 52 bits of each
-    row's 64-bit ChaCha12 word (:func:`rpwjax.stream.block_bits`; needs ``jax.enable_x64``)."""
-    return uniform_from_index(block_bits(key, block_counter) >> jnp.uint64(64 - UNIFORM_BITS))
-
-
-def params_digest(params: Mechanism) -> str:
-    """SHA-256 (hex) of a parameter set: its mechanism, static settings and every leaf's exact float64 values.
-
-    Two parameter sets with the same digest release with the same keys; any
-    difference (another ε, another interval, per-row parameters of another
-    table) gives independent uniforms.
-    """
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    cls = type(params)
-    h = hashlib.sha256(canonical_json({"mechanism": params.name, "class": f"{cls.__module__}.{cls.__qualname__}",
-                                       "tree": str(treedef)}).encode())
-    for leaf in leaves:
-        a = np.ascontiguousarray(np.asarray(leaf, np.float64))
-        h.update(repr(a.shape).encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
-def pow2_at_least(x: float) -> float:
-    """The smallest power of two >= ``x`` (``x`` > 0)."""
-    m, e = np.frexp(float(x))  # x = m 2^e, 0.5 <= m < 1
-    return float(np.ldexp(1.0, int(e) - (1 if m == 0.5 else 0)))
-
-
-def float_step(magnitude: float) -> float:
-    """The spacing of float64 at ``magnitude`` (its ulp; a power of two): a grid this coarse or coarser,
-    anchored at a multiple of it, has every point up to ``magnitude`` exactly representable."""
-    m = abs(float(magnitude))
-    return float(np.spacing(m)) if m > 0 else 0.0
-
-
-def range_text(params: Mechanism) -> str:
-    return f"[{float(params.lo):.17g}, {float(params.hi):.17g}]"
-
-
-def spec(params: Mechanism) -> dict:
-    """The public release specification of ``params``: ``grid`` (or None) and ``low``/``high`` (arrays).
-
-    ``low``/``high`` broadcast against the labels (per-row parameters give per-row ranges). The grid is
-    never finer than float64 can represent at the range's magnitude: every grid point ``k·grid`` in
-    ``[low, high]`` is an exact float64 (the mechanism's grid is coarsened to the float spacing at
-    ``max(|low|, |high|)`` where it was finer, the range moved inwards onto the coarser grid).
-    What cannot be released raises :class:`InputError` naming the mechanism, ε and range.
-    """
-    eps = float(np.max(params.epsilon))
-    where = f"{params.name}: epsilon={eps:g} on the range {range_text(params)}"
-    if params.pure and not params.ratio_epsilon() <= MAX_EPSILON:
-        raise InputError(f"{where} cannot be certified for a float64 release: epsilon above {MAX_EPSILON:.4g} = "
-                         "ln(2^52 / 2^23) leaves some output fewer than 2^23 of the 2^52 uniforms next to another, "
-                         "too few to certify the ratio")
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        try:
-            s = params.release_spec()
-        except InputError as err:
-            raise InputError(f"{where} cannot be certified for a float64 release: {err}") from None
-        grid = None if s["grid"] is None else float(s["grid"])
-        low = np.asarray(s["low"], np.float64)
-        high = np.asarray(s["high"], np.float64)
-        finite = bool(np.all(np.isfinite(low)) and np.all(np.isfinite(high)) and np.all(low <= high))
-        if grid is not None and finite:
-            if not (np.isfinite(grid) and grid > 0):
-                finite = False
-            else:
-                step = float_step(max(float(np.max(np.abs(low))), float(np.max(np.abs(high)))))
-                if grid < step:  # finer than float64 holds there: coarsen (cells only grow), move the range inwards
-                    grid = step
-                    low, high = np.ceil(low / grid) * grid, np.floor(high / grid) * grid
-    if not finite:
-        raise InputError(f"{where} cannot be certified for a float64 release: its release range is empty or not "
-                         f"finite, got [{np.min(low)}, {np.max(high)}]")
-    if grid is not None and np.any(~(high - low >= 2 * grid)):
-        raise InputError(f"{where} cannot be certified for a float64 release: epsilon is too large for this range "
-                         f"(the public grid {grid:g} leaves fewer than three outputs)")
-    return {"grid": grid, "low": low, "high": high}
-
+from rpwjax.keys import Secret, bound
+from rpwjax.mechanisms.base import Mechanism
+from rpwjax.sampling import block_uniforms, params_digest, released_values, spec
+from rpwjax.stream import BLOCK_ROWS, block_counters
 
 _specs: dict = {}  # (release_spec's code, params_digest) -> spec: a spec is a pure function of both
 
@@ -161,26 +68,6 @@ def sidecar_fields(params: Mechanism) -> dict:
     """``output_grid`` and ``output_range`` = [a, b] for a sidecar (every released value lies in it)."""
     s = spec(params)
     return {"output_grid": s["grid"], "output_range": [float(np.min(s["low"])), float(np.max(s["high"]))]}
-
-
-def origin(params: Mechanism, grid: float) -> float:
-    """The public origin of a continuous release: the grid point at or below ``params.lo`` (a multiple of the grid)."""
-    return float(np.floor(float(params.lo) / grid) * grid)
-
-
-def released_values(params: Mechanism, grid, low, high, u, y):
-    """Steps 2-4 for given uniforms: the value released for label ``y`` and uniform ``u`` (traceable).
-
-    A continuous mechanism is sampled, snapped and clamped relative to :func:`origin` ``o`` (the mechanism
-    moved by ``-o`` samples ``y - o``; the result, a multiple of the grid, gets ``o`` back), so its rounding
-    error is that of numbers of the size of the range's width, not of its magnitude; ``o`` and every grid
-    point in the range are exact float64 (:func:`spec`), so adding ``o`` back is exact.
-    """
-    if grid is None:
-        return jnp.clip(params.sample_from_uniform(u, y), low, high)
-    o = origin(params, grid)
-    x = params.translated(-o).sample_from_uniform(u, y - o)
-    return jnp.clip(jnp.round(x / grid) * grid, low - o, high - o) + o
 
 
 @partial(jax.jit, static_argnames=("grid", "per_row"))
@@ -243,10 +130,8 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     per_row = _per_row(params, y.size)
     parameters = params_digest(params)
     s = _cached_spec(params, parameters) if output_spec is None else output_spec
-    from rpwjax.audit.certify import certify  # function-level: the audit layer imports this module
-
     # the realized check on these exact parameters (cached), or InputError: nothing released
-    certify(params, s, parameters)
+    certify.certify(params, s, parameters)
     offset = start % BLOCK_ROWS
     devices = jax.local_devices()  # multi-host: each process shards its own rows over its own devices
     num_blocks = -(-(offset + y.size) // BLOCK_ROWS)

@@ -11,7 +11,7 @@ from scipy import stats
 
 from rpwjax import cli
 from rpwjax.audit import checks as audit_module
-from rpwjax.audit import realized
+from rpwjax import realized
 from rpwjax.mechanisms.additive import Laplace, Staircase, gaussian_delta
 from rpwjax.api import mechanism_names
 from rpwjax.audit.checks import audit_mechanism, clopper_pearson, fit_example
@@ -479,7 +479,7 @@ def _big_table(path, n=2000):
 
 def _released_sets(monkeypatch):
     """Record every (params, spec) a release certifies; returns the list."""
-    from rpwjax.audit import certify
+    from rpwjax import certify
 
     from helpers import spy
 
@@ -487,8 +487,8 @@ def _released_sets(monkeypatch):
 
 
 def _assert_realized_within(params, output_spec):
-    from rpwjax.audit import certify
-    from rpwjax.release_path import spec
+    from rpwjax import certify
+    from rpwjax.sampling import spec
 
     s = spec(params) if output_spec is None else output_spec
     rows = [(params, s)] if np.ndim(params.epsilon) == 0 else [

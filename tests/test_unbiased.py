@@ -17,7 +17,7 @@ from scipy import stats
 from scipy.optimize import linprog
 
 import rpwjax
-from rpwjax.audit import realized
+from rpwjax import realized
 from rpwjax.audit.checks import audit_mechanism
 from rpwjax.mechanisms.base import label_mse_grid, sample_grid
 from rpwjax.errors import InputError

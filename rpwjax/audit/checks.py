@@ -102,7 +102,7 @@ from jax import lax
 from scipy import stats
 
 from rpwjax import api
-from rpwjax.audit import certify, realized
+from rpwjax import certify, realized
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.errors import InputError, check_choice, check_epsilon
 from rpwjax.keys import Secret
@@ -758,7 +758,7 @@ def run_audit(mechanisms=None, epsilons=None, *, samples: int = DEFAULT_SAMPLES,
 
     Returns ``{"reports", "broken", "keys", "pass", "audit_seed"}``: one :class:`AuditReport` per (mechanism, ε); a
     mechanism that cannot be fitted or audited is reported in ``broken`` (the others are still audited);
-    ``keys`` is the key-derivation check (:func:`rpwjax.audit.realized.key_space_check`). Bad arguments
+    ``keys`` is the key-derivation check (:func:`rpwjax.realized.key_space_check`). Bad arguments
     raise :class:`~rpwjax.errors.InputError`.
     """
     eps = np.atleast_1d(check_epsilon(epsilons if epsilons is not None else [DEFAULT_EPSILON]))
@@ -776,34 +776,6 @@ def run_audit(mechanisms=None, epsilons=None, *, samples: int = DEFAULT_SAMPLES,
                 broken.append(f"{name} at epsilon={e:g}: could not be audited: {type(err).__name__}: {err}")
     ok = bool(reports and not broken and keys["pass"] and all(r.passed for r in reports))
     return {"reports": reports, "broken": broken, "keys": keys, "pass": ok, "audit_seed": audit_seed}
-
-
-def audit_params_file(path, *, samples: int = DEFAULT_SAMPLES, seed: int = 0, audit_seed: int | None = None) -> dict:
-    """Audit a saved fit: the record's verification (:func:`rpwjax.audit.verify.check_record`) and the
-    exact, realized and empirical checks of its parameters, against the epsilon_mechanism and delta it states.
-
-    ``path`` is a params file (``rpwjax fit --save``) or a privatize sidecar (``OUTPUT.json``): the fields a
-    release adds to the record (:data:`SIDECAR_FIELDS`) are set aside first. Returns ``{"report", "record",
-    "broken", "keys", "pass", "audit_seed"}`` (``report`` is None when the parameters do not parse).
-    """
-    from rpwjax import io
-    from rpwjax.audit import verify
-
-    samples = _check_count(samples, "samples")
-    seed = _check_count(seed, "seed", 0)
-    audit_seed = new_audit_seed() if audit_seed is None else _check_count(audit_seed, "audit_seed", 0)
-    params, record = verify.check_record(fit_record(io.read_json(path)))
-    keys = realized.key_space_check()
-    report, broken = None, []
-    if params is not None:
-        try:
-            report = audit_mechanism(params, samples=samples, seed=seed, name=record["mechanism"],
-                                     audit_seed=audit_seed)
-            report = _judged_against(report, record["epsilon_mechanism"], record["delta"])
-        except Exception as err:  # noqa: BLE001 - parameters that break the audit fail it
-            broken.append(f"{path}: could not be audited: {type(err).__name__}: {err}")
-    ok = bool(record["pass"] and report is not None and report.passed and not broken and keys["pass"])
-    return {"report": report, "record": record, "broken": broken, "keys": keys, "pass": ok, "audit_seed": audit_seed}
 
 
 # what rpwjax privatize adds to the fit's record in its sidecar (rpwjax.privatize.privatize_file)

@@ -39,7 +39,7 @@ anything disagrees or the parameters are less private than stated:
    Pure: recomputed ε ≤ ε₂ + 1e-9 (+ 1e-12 relative, float rounding of e.g. Δ/scale).
 3. **The audit's checks of those parameters.** The exact check of the ideal
    density (the one ``rpwjax audit`` runs, :mod:`rpwjax.audit.checks`)
-   and the as-implemented check :func:`rpwjax.audit.realized.check` (the exact
+   and the as-implemented check :func:`rpwjax.realized.check` (the exact
    realized probability of every value the release path can emit), both
    against the *stated* ε₂ and δ: pure, max log ratio ≤ ε₂ + 1e-9 (exact) and
    ≤ ε₂ + 1e-6 (realized); Gaussian, δ(ε₂) ≤ δ·(1 + 1e-5) (exact, quadrature)
@@ -79,9 +79,16 @@ import math
 import numbers
 from typing import Any
 
+import jax
 import numpy as np
 
+from rpwjax import certify, io, realized
+from rpwjax.api import (FORMAT_VERSION, REFIT_ABSOLUTE, REFIT_TOLERANCE, load_params, one_record, prior_from_record,
+                        refit_record)
+from rpwjax.audit import checks
 from rpwjax.errors import InputError, show_value
+from rpwjax.mechanisms import entry
+from rpwjax.mechanisms.additive import gaussian_delta
 
 RELATIVE_TOLERANCE = 1e-12  # stated numbers that must agree (ε = ε₁ + ε₂, params.epsilon = ε₂, δ = params.delta)
 EPSILON_TOLERANCE = 1e-9  # a recomputed ε may exceed ε₂ by this (plus RELATIVE_TOLERANCE·ε₂)
@@ -130,8 +137,6 @@ def _check_fields(record: dict, params, cls, problems: list[str]) -> dict:
         if name not in record:
             problems.append(f"field {name!r} is missing (a params file states its whole guarantee)")
     if "format_version" in record:
-        from rpwjax.api import FORMAT_VERSION
-
         if record["format_version"] != FORMAT_VERSION:
             problems.append(f"format_version={record['format_version']!r} is not {FORMAT_VERSION}")
     eps = _number(record, "epsilon", problems)
@@ -177,8 +182,6 @@ def _check_fields(record: dict, params, cls, problems: list[str]) -> dict:
 
 def _check_prior(record: dict, stated: dict, name: str, uses_prior: bool, problems: list[str]) -> str | None:
     """The prior's record against ε₁; returns its kind (None if unusable)."""
-    from rpwjax.api import prior_from_record
-
     saved = record.get("prior")
     if saved is None:
         return None  # reported as missing
@@ -326,8 +329,6 @@ def _unbiased(params, stated, problems):
 
 def _gaussian_epsilon(sigma: float, delta: float, width: float) -> float:
     """The smallest ε' with δ(ε') <= δ for N(0, σ²) noise (δ(ε) decreases in ε); inf if none below 1e6."""
-    from rpwjax.mechanisms.additive import gaussian_delta
-
     ok = lambda e: float(gaussian_delta(sigma, e, width)) <= delta  # noqa: E731
     if ok(0.0):
         return 0.0
@@ -351,8 +352,6 @@ RECOMPUTE = {"laplace": _laplace, "rpwithprior": _rpwithprior, "staircase": _sta
 
 def _recompute(params, stated: dict, problems: list[str]) -> dict:
     """Layer 2: the guarantee of the parameters themselves against the stated ε₂ (and δ)."""
-    from rpwjax.mechanisms.additive import gaussian_delta
-
     eps2, delta = stated["epsilon_mechanism"], stated["delta"]
     out: dict[str, Any] = {}
     if not params.pure:
@@ -388,31 +387,25 @@ def _recompute(params, stated: dict, problems: list[str]) -> dict:
 
 
 def _exact_stage(params, stated: dict, problems: list[str]) -> dict:
-    import jax
-
-    from rpwjax.audit import checks as audit
-
     eps2, delta = stated["epsilon_mechanism"], stated["delta"]
     try:
         with jax.enable_x64(True):
-            exact = audit.exact_check(params, audit.label_grid(params), audit.DEFAULT_GRID_SIZE, 0)
+            exact = checks.exact_check(params, checks.label_grid(params), checks.DEFAULT_GRID_SIZE, 0)
     except Exception as err:  # noqa: BLE001 - a record whose parameters break the check fails it
         problems.append(f"exact check could not run: {type(err).__name__}: {err}")
         return {}
     problems += [f"exact check: {p}" for p in exact["info"].get("problems", [])]
     if params.pure:
         ratio = exact["max_ratio"]
-        if eps2 is not None and not ratio <= eps2 + audit.RATIO_TOLERANCE:
+        if eps2 is not None and not ratio <= eps2 + checks.RATIO_TOLERANCE:
             problems.append(f"exact check: max log density ratio {ratio:.9g} exceeds epsilon_mechanism={eps2!r}")
         return {"exact_max_log_ratio": ratio}
-    if delta is not None and not exact["delta"] <= delta * (1 + audit.DELTA_RELATIVE_TOLERANCE):
+    if delta is not None and not exact["delta"] <= delta * (1 + checks.DELTA_RELATIVE_TOLERANCE):
         problems.append(f"exact check: delta(epsilon) {exact['delta']:.9g} exceeds delta={delta!r}")
     return {"exact_delta": exact["delta"]}
 
 
 def _realized_stage(params, stated: dict, problems: list[str]) -> dict:
-    from rpwjax.audit import certify, realized
-
     eps2, delta = stated["epsilon_mechanism"], stated["delta"]
     try:
         real = certify.realized_result(params)  # cached: the release that follows does not run it again
@@ -446,8 +439,6 @@ def _mismatch(saved, refit):
     :data:`~rpwjax.api.REFIT_ABSOLUTE` (float rounding across machines); strings
     and booleans exactly. An array names its first element that differs.
     """
-    from rpwjax.api import REFIT_ABSOLUTE, REFIT_TOLERANCE
-
     if isinstance(refit, (str, bool)) or refit is None or isinstance(saved, (str, bool)) or saved is None:
         return None if saved == refit and type(saved) is type(refit) else ("", saved, refit)
     try:
@@ -481,8 +472,6 @@ def _unpadded(name: str, fields: dict) -> dict:
 
 def _refit_stage(record: dict, problems: list[str], out: dict):
     """Layer 4: refit from the saved prior and options; every saved parameter must be the refit's."""
-    from rpwjax.api import refit_record
-
     try:
         result, how = refit_record(record)
     except InputError as err:
@@ -547,9 +536,6 @@ def check_record(record, *, exact: bool = True, realized: bool = True, stop_earl
 
 def _check(record, *, exact: bool, realized: bool, stop_early: bool):
     """:func:`check_record` plus the refit's :class:`~rpwjax.api.FitResult` (None when it did not run or failed)."""
-    from rpwjax.api import load_params, one_record
-    from rpwjax.mechanisms import entry
-
     record = one_record(record)
     row = entry(record["mechanism"])
     cls, uses_prior = row.params, row.uses_prior
@@ -637,8 +623,6 @@ def verified_release(record, *, name: str | None = None):
     the release or the sidecar unchecked; otherwise (an empirical prior) the
     file's. ``name`` (the file's path) leads the refusal's message.
     """
-    from rpwjax.api import one_record
-
     record = one_record(record)
     params, report, result = _check(record, exact=True, realized=True, stop_early=True)
     problems = report["problems"]
@@ -652,3 +636,30 @@ def verified_release(record, *, name: str | None = None):
         if seeded:  # the fit's histogram noise came from an integer seed: the release says so
             record.update(reproducible_seed=True, seed_note="integer seed: not for production")
     return params, record, report
+
+
+def audit_params_file(path, *, samples: int = checks.DEFAULT_SAMPLES, seed: int = 0,
+                      audit_seed: int | None = None) -> dict:
+    """Audit a saved fit (``rpwjax audit --params``): the record's verification (:func:`check_record`) and the
+    exact, realized and empirical checks of its parameters, against the epsilon_mechanism and delta it states.
+
+    ``path`` is a params file (``rpwjax fit --save``) or a privatize sidecar (``OUTPUT.json``): the fields a
+    release adds to the record (:data:`~rpwjax.audit.checks.SIDECAR_FIELDS`) are set aside first. Returns
+    ``{"report", "record", "broken", "keys", "pass", "audit_seed"}`` (``report`` is None when the parameters do
+    not parse).
+    """
+    samples = checks._check_count(samples, "samples")
+    seed = checks._check_count(seed, "seed", 0)
+    audit_seed = checks.new_audit_seed() if audit_seed is None else checks._check_count(audit_seed, "audit_seed", 0)
+    params, record = check_record(checks.fit_record(io.read_json(path)))
+    keys = realized.key_space_check()
+    report, broken = None, []
+    if params is not None:
+        try:
+            report = checks.audit_mechanism(params, samples=samples, seed=seed, name=record["mechanism"],
+                                            audit_seed=audit_seed)
+            report = checks._judged_against(report, record["epsilon_mechanism"], record["delta"])
+        except Exception as err:  # noqa: BLE001 - parameters that break the audit fail it
+            broken.append(f"{path}: could not be audited: {type(err).__name__}: {err}")
+    ok = bool(record["pass"] and report is not None and report.passed and not broken and keys["pass"])
+    return {"report": report, "record": record, "broken": broken, "keys": keys, "pass": ok, "audit_seed": audit_seed}

@@ -45,8 +45,9 @@ import jax.numpy as jnp
 import numpy as np
 from scipy import optimize, special
 
-from rpwjax.mechanisms.base import Mechanism, params_dataclass
 from rpwjax.errors import InputError, format_value, check_choice, check_epsilon, check_range
+from rpwjax.grid import MAX_CELLS, MIN_CELL_COUNT, UNIFORM_COUNT, pow2_at_least
+from rpwjax.mechanisms.base import Mechanism, params_dataclass
 
 CALIBRATIONS = ("analytic", "classic")
 GAMMA_RULES = ("mse", "l1")
@@ -141,8 +142,6 @@ class _Additive(Mechanism):
         density. h is doubled while T < 0 or the range has more than
         ``MAX_CELLS`` cells.
         """
-        from rpwjax.release_path import MAX_CELLS, MIN_CELL_COUNT, UNIFORM_COUNT, pow2_at_least
-
         width = self.hi - self.lo
         std = float(np.sqrt(np.asarray(self.noise_variance(), np.float64)))
         h = pow2_at_least(std / 16)

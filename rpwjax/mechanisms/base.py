@@ -95,7 +95,7 @@ class Mechanism:
     def translated(self, shift: float):
         """The same mechanism on the label axis moved by ``shift`` (a Python float): every field in
         :attr:`position_fields` plus ``shift``. The release samples a continuous mechanism this way, relative to
-        a public origin near the range (:func:`rpwjax.release_path.released_values`), so that float64 rounding
+        a public origin near the range (:func:`rpwjax.sampling.released_values`), so that float64 rounding
         scales with the distance from the range, not with its magnitude."""
         shift = float(shift)
         return dataclasses.replace(self, **{f: getattr(self, f) + shift for f in self.position_fields})

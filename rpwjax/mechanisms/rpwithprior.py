@@ -44,9 +44,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from rpwjax.errors import InputError, check_choice, check_epsilon, check_positive
+from rpwjax.grid import MAX_CELLS, MIN_CELL_COUNT, UNIFORM_COUNT, origin, pow2_at_least
 from rpwjax.mechanisms import interval_search
 from rpwjax.mechanisms.base import Mechanism, params_dataclass
-from rpwjax.errors import InputError, check_choice, check_epsilon, check_positive
 from rpwjax.priors import Prior, tree_rows
 
 _ZETA_GRID = np.geomspace(1e-3, 0.5, 24)  # fractions of the range width
@@ -105,8 +106,6 @@ class RPWithPrior(Mechanism):
         h is the smallest power of two with N·that >= ``MIN_CELL_COUNT`` and at
         most ``MAX_CELLS`` cells (a function of the released parameters only).
         """
-        from rpwjax.release_path import MAX_CELLS, MIN_CELL_COUNT, UNIFORM_COUNT, pow2_at_least
-
         eps, zeta, a1, a2 = (np.asarray(v, np.float64) for v in (self.epsilon, self.zeta, self.a1, self.a2))
         gamma = 2 * zeta + np.exp(-eps) * (a2 - a1)
         width = a2 - a1 + 2 * zeta
@@ -118,7 +117,7 @@ class RPWithPrior(Mechanism):
         r"""An upper bound on the realized max log ratio of the shipped release, per parameter row (NaN: none).
 
         For the shipped sampler only (this class's :meth:`sample_from_uniform`, run relative to the release's
-        origin o by :func:`rpwjax.release_path.released_values`). With A = A1 - o, B = A2 - o, g = fl(e^ε) and
+        origin o by :func:`rpwjax.sampling.released_values`). With A = A1 - o, B = A2 - o, g = fl(e^ε) and
         Γ the computed γ, every intermediate of the inverse CDF is at most R = |A| + |B| + 2ζ + Γg + |lo - o| +
         |hi - o| in size, each branch rounds at most six times and multiplies an error by g at most once, and
         the branch point and the right end of the support move by at most 2^-52·R between the computed and the
@@ -130,9 +129,6 @@ class RPWithPrior(Mechanism):
         grid points), has ideal probability at least P_min = (h/2 - 2E - 2^-52(|A1| + |A2| + ζ))/(Γg). With
         r = (2E/Γ + 2/N)/P_min the realized ratio is at most g(1 + r)/(1 - r).
         """
-        from rpwjax.mechanisms.base import Mechanism
-        from rpwjax.release_path import UNIFORM_COUNT, origin
-
         shipped = (type(self).sample_from_uniform is RPWithPrior.sample_from_uniform
                    and type(self).translated is Mechanism.translated)
         eps, zeta, a1, a2 = (np.asarray(v, np.float64) for v in (self.epsilon, self.zeta, self.a1, self.a2))

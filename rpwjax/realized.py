@@ -1,7 +1,7 @@
 r"""The as-implemented privacy check: exact realized probabilities of what the release path emits.
 
 The ideal density of a mechanism is not what ships. What ships is
-:func:`rpwjax.release_path.released_values` applied to one of ``N = 2^52``
+:func:`rpwjax.sampling.released_values` applied to one of ``N = 2^52``
 equally likely uniforms ``u_k = (k + 1/2)·2^-52``. For a label ``y`` the
 *realized* probability of a released value ``c`` is
 
@@ -44,8 +44,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from rpwjax.release_path import UNIFORM_COUNT, released_values, spec, uniform_from_index
+from rpwjax.grid import UNIFORM_COUNT
+from rpwjax.keys import SECRET_BYTES, Secret
 from rpwjax.mechanisms.base import Mechanism
+from rpwjax.sampling import released_values, spec, uniform_from_index
 
 REALIZED_TOLERANCE = 1e-6
 CHECK_DRAWS = 1 << 14  # random k per label for the monotonicity and membership checks
@@ -257,8 +259,6 @@ def key_space_check(derive: Callable[[bytes, int], np.ndarray] | None = None) ->
     block, must give 2·257 pairwise different keys; a derivation that keeps
     only part of the secret (e.g. an integer seed truncated to 32 bits) fails.
     """
-    from rpwjax.keys import SECRET_BYTES, Secret
-
     if derive is None:
         derive = lambda material, block: Secret(material).stream_key("labels", block)  # noqa: E731
     base = bytes(range(7, 7 + SECRET_BYTES))

@@ -4,9 +4,9 @@ r"""Certification: every release runs the realized check on its exact parameters
 fits, ``--params`` files, every pipeline's per-row and per-group parameters,
 the Dask path and the Python ``rpwjax.release`` are all checked: the
 *realized* probability of every output cell of the shipped release
-(:mod:`rpwjax.audit.realized`, exact by bisection on the uniform index) at the
+(:mod:`rpwjax.realized`, exact by bisection on the uniform index) at the
 range ends, every label breakpoint and its float neighbours and a grid of
-labels, against ε + :data:`rpwjax.audit.realized.REALIZED_TOLERANCE` (δ for
+labels, against ε + :data:`rpwjax.realized.REALIZED_TOLERANCE` (δ for
 the Gaussian). A release that fails raises :class:`~rpwjax.errors.InputError`
 with one line naming the mechanism, ε and the range; nothing is written.
 
@@ -27,12 +27,12 @@ of the narrowest and the widest interval. Rows whose bound does not hold (and
 any other mechanism or sampler) get the realized check per distinct set.
 
 **What cannot be certified is refused, consistently over ε.** A pure mechanism
-with ε above :data:`~rpwjax.release_path.MAX_EPSILON` = ln(2^52 / 2^23) is
-refused by :func:`rpwjax.release_path.spec` before any check:
+with ε above :data:`~rpwjax.grid.MAX_EPSILON` = ln(2^52 / 2^23) is
+refused by :func:`rpwjax.sampling.spec` before any check:
 there some output has less than e^-ε the probability of another output,
-fewer than :data:`~rpwjax.release_path.MIN_CELL_COUNT` of the 2^52 uniforms, too
+fewer than :data:`~rpwjax.grid.MIN_CELL_COUNT` of the 2^52 uniforms, too
 few for integer counts to certify a ratio. Below it the release specification
-(:func:`rpwjax.release_path.spec`) and the realized check decide.
+(:func:`rpwjax.sampling.spec`) and the realized check decide.
 """
 
 from __future__ import annotations
@@ -44,9 +44,11 @@ import hashlib
 import jax
 import numpy as np
 
+from rpwjax import realized
 from rpwjax.errors import InputError
 from rpwjax.mechanisms.base import Mechanism
-from rpwjax.release_path import params_digest, range_text, spec
+from rpwjax.sampling import params_digest, range_text, spec
+
 FULL_CHECK_SETS = 8  # per-row parameters with at most this many distinct sets: the realized check on each
 
 _results: dict = {}  # key -> realized check result (pass or fail), this process only
@@ -65,7 +67,7 @@ def suspended():
 
 
 def digest(params: Mechanism, output_spec: dict | None = None, parameters: str | None = None) -> str:
-    """SHA-256 (hex) of the exact parameters (:func:`rpwjax.release_path.params_digest`, or ``parameters`` when the
+    """SHA-256 (hex) of the exact parameters (:func:`rpwjax.sampling.params_digest`, or ``parameters`` when the
     caller has it) and the release spec."""
     h = hashlib.sha256((parameters or params_digest(params)).encode())
     if output_spec is not None:
@@ -89,10 +91,8 @@ def where(params: Mechanism) -> str:
 
 
 def realized_result(params: Mechanism, output_spec: dict | None = None) -> dict:
-    """The realized check (:func:`rpwjax.audit.realized.check`) of unbatched ``params`` with ``output_spec``
+    """The realized check (:func:`rpwjax.realized.check`) of unbatched ``params`` with ``output_spec``
     (default ``spec(params)``), cached by :func:`digest`."""
-    from rpwjax.audit import realized
-
     s = spec(params) if output_spec is None else output_spec
     key = _key(params, s)
     if key not in _results:
@@ -125,12 +125,10 @@ def _certify_rows(params: Mechanism, output_spec: dict):
     todo = list(first)
     bound_fn = getattr(params, "realized_ratio_bound", None)
     if len(first) > FULL_CHECK_SETS and bound_fn is not None:
-        from rpwjax.audit.realized import REALIZED_TOLERANCE
-
         bound = np.broadcast_to(np.asarray(bound_fn(output_spec["grid"], output_spec["low"], output_spec["high"]),
                                            np.float64), (n,))
         eps = np.broadcast_to(np.asarray(params.epsilon, np.float64), (n,))
-        held = bound[first] <= eps[first] + REALIZED_TOLERANCE  # NaN (no bound for this row): not held
+        held = bound[first] <= eps[first] + realized.REALIZED_TOLERANCE  # NaN (no bound for this row): not held
         width = np.broadcast_to(np.asarray(output_spec["high"], np.float64) -
                                 np.asarray(output_spec["low"], np.float64), (n,))[first]
         todo = [i for i, ok in zip(first, held) if not ok]
