@@ -19,7 +19,7 @@ from rpwjax.mechanisms.base import Mechanism, label_mse_grid
 from rpwjax.errors import InputError, check_choice, check_epsilon, check_labels, check_range  # noqa: F401 (InputError re-exported)
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import MECHANISMS, entry, mechanism_names  # noqa: F401 (MECHANISMS, mechanism_names re-exported)
-from rpwjax.priors import Prior, empirical_prior, private_histogram
+from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
 
 PRIORS = ("empirical", "private")
 DEFAULT_PRIOR_FRACTION = 0.1  # ε₁ = 0.1·ε unless --prior-epsilon is given
@@ -240,8 +240,6 @@ def _prior_free_mse(params):
 
 def prior_from_record(record: dict) -> Prior | None:
     """The histogram prior saved in a fit record, or None (empirical priors are never saved)."""
-    from rpwjax.priors import histogram_prior
-
     saved = record.get("prior") or {}
     if "edges" not in saved or "masses" not in saved:
         return None

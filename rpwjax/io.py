@@ -54,9 +54,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+from tqdm.auto import tqdm
 
 from rpwjax import interrupts
-from rpwjax.errors import InputError, one_line, show_value
+from rpwjax.errors import InputError, check_label_rows, one_line, show_value
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 LABEL_SUFFIXES = TABLE_SUFFIXES + (".txt",)
@@ -517,8 +518,6 @@ def read_labels(path, label_column: str | None = None, *, encoding=None, check=N
     ``clip``) inside ``[lo, hi]``; every error names the data row and line.
     ``bar`` (:func:`progress_bar`) moves on as the file is read.
     """
-    from rpwjax.errors import check_label_rows
-
     kind = file_kind(path, LABEL_SUFFIXES, "labels file")
     if kind == ".txt" and label_column is not None:
         raise InputError(f"--label-column applies to CSV and Parquet label files, not to the text file {str(path)!r}")
@@ -661,8 +660,6 @@ def progress_bar(source: "TableSource", desc: str, *, enabled: bool = True):
     """A tqdm bar (stderr) over one pass of ``source``, with its total and the time left: rows for Parquet,
     bytes of the file for CSV and text (:func:`advance` moves it). Full when the pass ends; an error or
     interrupt leaves one line on stderr, not a bar."""
-    from tqdm.auto import tqdm
-
     if source.kind == ".parquet":
         bar = tqdm(total=source.num_rows, unit="rows", unit_scale=True, desc=desc, disable=not enabled)
     else:

@@ -40,6 +40,7 @@ import os
 from pathlib import Path
 
 from rpwjax.errors import InputError
+from rpwjax.keys import canonical_json
 
 LEDGER_ENV = "RPWJAX_LEDGER"
 LEDGER_SUFFIX = ".ledger.jsonl"
@@ -86,8 +87,6 @@ def input_record(path, what: str = "input file") -> dict:
 
 def settings_digest(settings: dict) -> str:
     """SHA-256 of a release's settings (mechanism or pipeline, options, parameters), canonical JSON."""
-    from rpwjax.keys import canonical_json
-
     return hashlib.sha256(canonical_json(settings).encode()).hexdigest()
 
 

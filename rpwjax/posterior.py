@@ -76,6 +76,7 @@ from rpwjax.mechanisms.base import Mechanism
 from rpwjax.errors import InputError
 from rpwjax.priors import Prior, cut_pieces, tree_rows
 from rpwjax.mechanisms.rpwithprior import RPWithPrior
+from rpwjax.release_path import sidecar_fields
 
 _CHUNK = 1 << 14
 
@@ -433,8 +434,6 @@ def debias(params: RPWithPrior, y_tilde) -> np.ndarray:
 def debias_record(params: RPWithPrior) -> dict:
     """What ``privatize --denoise debias`` records: ``a``, ``b`` and ``range``, the image of the release's public
     output range [r_lo, r_hi] under ỹ ↦ (ỹ - b)/a (a > 0), where every debiased value lies."""
-    from rpwjax.release_path import sidecar_fields
-
     if not isinstance(params, RPWithPrior) or params.batch_shape != ():
         raise InputError(f"debias_record needs rpwithprior parameters for one epsilon, got "
                          f"{getattr(params, 'name', type(params).__name__)}")

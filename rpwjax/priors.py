@@ -23,8 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rpwjax import pytree
+from rpwjax import noise, pytree
 from rpwjax.errors import InputError, check_choice, check_epsilon, check_labels, check_range
+from rpwjax.keys import check_secret, epsilon_index
 
 
 def tree_rows(tree, start: int, stop: int, dtype=None):
@@ -209,13 +210,11 @@ def histogram_release(values, edges, epsilon, secret, purpose: str = "counts", *
     from ``secret`` under ``purpose`` and ``index``. Returns int64 noisy counts
     (they may be negative: post-process with :func:`project_counts` or by clipping).
     """
-    from rpwjax.noise import noisy_counts
-
     eps = float(check_epsilon(epsilon))
     edges = np.asarray(edges, np.float64)
     v = np.clip(np.asarray(values, np.float64), edges[0], edges[-1])
     counts, _ = np.histogram(v, bins=edges)  # np.histogram puts the last edge into the last bin
-    return noisy_counts(counts, eps, secret, purpose, *index)
+    return noise.noisy_counts(counts, eps, secret, purpose, *index)
 
 
 PROJECTIONS = ("clip", "project")
@@ -236,8 +235,6 @@ def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, secret, clip:
     its position in the grid, so one cell of a sweep can be rerun alone). A
     1-d ``epsilon_prior`` gives a result with a leading axis.
     """
-    from rpwjax.keys import check_secret, epsilon_index
-
     lo, hi = check_range(lo, hi)
     eps1 = check_epsilon(epsilon_prior, "epsilon_prior")
     if isinstance(bins, bool) or int(bins) != bins or bins < 1:

@@ -1,13 +1,15 @@
 r"""Runtime benchmarks: ``rpwjax bench [--quick] --out DIR``.
 
-One table of cases serves both runners: this module's own timing loop (the
-``rpwjax bench`` command, which writes ``DIR/results.json`` and plots) and the
-pytest-benchmark suite in ``benchmarks/`` (which wraps the same cases with the
-``benchmark`` fixture). A case is a :class:`Member` of a :class:`Group`; a
-group is one (family, size) point, and its members are timed *interleaved*
-(repeat r of every member, then repeat r + 1, ...) so that a case and its
-baseline see the same machine state. Every ratio is ``median(case) /
-median(baseline)`` from the same group of the same run.
+One table of cases serves both runners: the package's own timing loop (the
+``rpwjax bench`` command, :func:`rpwjax.bench.report.run_plan`, which writes
+``DIR/results.json`` and plots) and the pytest-benchmark suite in
+``benchmarks/`` (which wraps the same cases with the ``benchmark`` fixture). A
+case is a :class:`~rpwjax.bench.cases.Member` of a
+:class:`~rpwjax.bench.cases.Group`; a group is one (family, size) point, and
+its members are timed *interleaved* (repeat r of every member, then repeat
+r + 1, ...) so that a case and its baseline see the same machine state. Every
+ratio is ``median(case) / median(baseline)`` from the same group of the same
+run.
 
 Families and what they measure (sizes per plan in :data:`PLANS`):
 
@@ -48,8 +50,7 @@ machine's load average: on a busy machine they are upper bounds.
 
 
 from rpwjax.bench.plans import FAMILIES, PLANS, TARGETS, Plan
-from rpwjax.bench.cases import Group, Member, build_groups
-from rpwjax.bench.report import evaluate_targets, run_plan, summary
 
-__all__ = ["FAMILIES", "Group", "Member", "PLANS", "Plan", "TARGETS", "build_groups", "evaluate_targets", "run_plan",
-           "summary"]
+# the cases (:mod:`rpwjax.bench.cases`) and the timing loop and report (:mod:`rpwjax.bench.report`, matplotlib)
+# are imported from their modules: ``rpwjax --help`` reads the plans only
+__all__ = ["FAMILIES", "PLANS", "Plan", "TARGETS"]

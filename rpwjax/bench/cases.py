@@ -8,9 +8,23 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
+from rpwjax.api import fit
 from rpwjax.bench.plans import CONTINUOUS_RANGE, CRITEO_RANGE, HISTOGRAM_SOURCE_LABELS, Plan, SAMPLER_SUPPORT, SEARCH_EPSILON, SEARCH_ZETA_FRACTION
+from rpwjax.experiments.datasets import criteo_synthetic_labels
+from rpwjax.keys import Secret
+from rpwjax.mechanisms import MECHANISMS, entry
+from rpwjax.mechanisms.reference_algorithm1 import algorithm1_interval
+from rpwjax.mechanisms.rpwithprior import fit_rpwithprior
+from rpwjax.pipelines.table import privatize_table
+from rpwjax.priors import empirical_prior, histogram_prior
+from rpwjax.privatize import privatize_file
+from rpwjax.release_path import release
 
 # --------------------------------------------------------------------------- cases
 
@@ -59,15 +73,11 @@ def continuous_labels(n: int, seed: int = 0) -> np.ndarray:
 @functools.lru_cache(maxsize=None)
 def criteo_labels(n: int, seed: int = 0) -> np.ndarray:
     """Criteo-shaped labels on [0, 400]: 9.7% zeros, the rest continuous (see rpwjax.experiments.datasets)."""
-    from rpwjax.experiments.datasets import criteo_synthetic_labels
-
     return criteo_synthetic_labels(int(n), seed)
 
 
 @functools.lru_cache(maxsize=None)
 def empirical(kind: str, n: int):
-    from rpwjax.priors import empirical_prior
-
     if kind == "continuous":
         return empirical_prior(continuous_labels(n), *CONTINUOUS_RANGE)
     return empirical_prior(criteo_labels(n), *CRITEO_RANGE)
@@ -76,8 +86,6 @@ def empirical(kind: str, n: int):
 @functools.lru_cache(maxsize=None)
 def histogram(k: int):
     """A k-bin equal-width histogram prior of Criteo-shaped labels over [0, 400]."""
-    from rpwjax.priors import histogram_prior
-
     edges = np.linspace(*CRITEO_RANGE, int(k) + 1)
     counts, _ = np.histogram(criteo_labels(HISTOGRAM_SOURCE_LABELS), bins=edges)
     return histogram_prior(edges, counts.astype(np.float64))
@@ -86,8 +94,6 @@ def histogram(k: int):
 @functools.lru_cache(maxsize=None)
 def support_prior(k: int):
     """k equally spaced support points on [0, 400] (k = 401: the integers) weighted like Criteo labels."""
-    from rpwjax.priors import empirical_prior
-
     lo, hi = CRITEO_RANGE
     points = np.linspace(lo, hi, int(k))
     edges = np.concatenate([[lo], 0.5 * (points[1:] + points[:-1]), [hi]])
@@ -116,8 +122,6 @@ def sampling_labels(n: int, seed: int = 0) -> np.ndarray:
 @functools.lru_cache(maxsize=None)
 def _sampler_params(mechanism: str):
     """Parameters (ε = 1) of ``mechanism`` fitted to a small Criteo-shaped prior (float64)."""
-    from rpwjax.mechanisms import entry
-
     prior = support_prior(SAMPLER_SUPPORT)
     # a fixed ζ skips the auto-ζ search: the sampler's cost does not depend on ζ
     options = {"zeta": SEARCH_ZETA_FRACTION * (prior.hi - prior.lo)} if mechanism == "rpwithprior" else {}
@@ -127,9 +131,6 @@ def _sampler_params(mechanism: str):
 
 def sampler_thunk(mechanism: str, n: int):
     """Timed call: the release path for ``mechanism`` on n float64 labels (compiled after one call)."""
-    from rpwjax.keys import Secret
-    from rpwjax.release_path import release
-
     params = _sampler_params(mechanism)
     y = sampling_labels(n)
     secret = Secret.from_seed(1)
@@ -138,9 +139,6 @@ def sampler_thunk(mechanism: str, n: int):
 
 def uniform_thunk(n: int):
     """The floor: ``jax.random.uniform`` of n float64 values (x64 on, result on the device)."""
-    import jax
-    import jax.numpy as jnp
-
     def call():
         with jax.enable_x64(True):
             return fn(key).block_until_ready()
@@ -161,11 +159,6 @@ def peer_labels(n: int) -> np.ndarray:
 
 def peer_release_thunk(n: int):
     """Timed call: the rpwjax Laplace release (the whole release path) of n labels in [0, 1] at ε = 1."""
-    from rpwjax.keys import Secret
-    from rpwjax.mechanisms import entry
-    from rpwjax.priors import histogram_prior
-    from rpwjax.release_path import release
-
     params, _ = entry("laplace").fit(histogram_prior(np.array(PEER_RANGE), np.array([1.0])), PEER_EPSILON)
     y = peer_labels(n)
     secret = Secret.from_seed(2)
@@ -203,8 +196,6 @@ def search_thunk(prior, epsilons, objective: str = "neighborhood"):
     fixed it is the interval search alone (no ζ search), from a host prior to
     host parameters, as a user calls it.
     """
-    from rpwjax.mechanisms.rpwithprior import fit_rpwithprior
-
     zeta = SEARCH_ZETA_FRACTION * (prior.hi - prior.lo)
     eps = np.atleast_1d(np.asarray(epsilons, np.float64))
     return lambda: fit_rpwithprior(prior, eps, zeta=zeta, objective=objective)
@@ -212,8 +203,6 @@ def search_thunk(prior, epsilons, objective: str = "neighborhood"):
 
 def load_reference():
     """The NumPy O(k³) reference (:func:`rpwjax.mechanisms.reference_algorithm1.algorithm1_interval`)."""
-    from rpwjax.mechanisms.reference_algorithm1 import algorithm1_interval
-
     return algorithm1_interval
 
 
@@ -228,8 +217,6 @@ def reference_thunk(k: int):
 
 def fit_thunk(mechanism: str, k: int):
     """Timed call: the mechanism's public fit on a k-point support (one ε, host results)."""
-    from rpwjax.mechanisms import entry
-
     fit_fn = entry(mechanism).fit
     prior = support_prior(k)
     return lambda: fit_fn(prior, SEARCH_EPSILON)
@@ -252,8 +239,6 @@ def default_cache_dir() -> Path:
 
 def _cached_parquet(path: Path, rows: int, make_chunk) -> Path:
     """Write ``path`` once (atomically) from ``make_chunk(i, start, m)`` tables of up to 2^20 rows each."""
-    import pyarrow.parquet as pq
-
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -279,10 +264,6 @@ def _cached_parquet(path: Path, rows: int, make_chunk) -> Path:
 
 def parquet_file(rows: int, cache_dir) -> Path:
     """A ``rows``-row Parquet file (row id, 3 float32 features, an int32 category, the label), made once."""
-    import pyarrow as pa
-
-    from rpwjax.experiments.datasets import criteo_synthetic_labels
-
     def make_chunk(i, start, m):
         rng = np.random.default_rng([20261130, i])
         return pa.table(
@@ -302,8 +283,6 @@ def parquet_file(rows: int, cache_dir) -> Path:
 
 def pyarrow_copy(src, dst, chunk_rows: int) -> int:
     """The baseline: read ``src`` in batches and write them unchanged to ``dst``."""
-    import pyarrow.parquet as pq
-
     rows = 0
     writer = None
     try:
@@ -322,10 +301,6 @@ def pyarrow_copy(src, dst, chunk_rows: int) -> int:
 def _privatize_params(path: str, label_column: str, lo: float, hi: float):
     """RPWithPrior (ε = :data:`SEARCH_EPSILON`, fixed ζ, private histogram prior) fitted to the first
     100,000 labels of ``path``: outside the timed call, as ``rpwjax privatize --params`` uses a saved fit."""
-    import pyarrow.parquet as pq
-
-    from rpwjax.api import fit
-
     first = next(pq.ParquetFile(path).iter_batches(batch_size=100_000, columns=[label_column]))
     labels = first.column(0).to_numpy()
     zeta = SEARCH_ZETA_FRACTION * (hi - lo)
@@ -335,9 +310,6 @@ def _privatize_params(path: str, label_column: str, lo: float, hi: float):
 
 def privatize_file_thunk(src, label_column: str, lo: float, hi: float, dst):
     """Timed call: ``privatize_file`` of ``label_column`` of ``src`` (RPWithPrior, parameters fitted in setup)."""
-    from rpwjax.keys import Secret
-    from rpwjax.privatize import privatize_file
-
     params, record = _privatize_params(str(src), label_column, float(lo), float(hi))
     secret = Secret.from_seed(7)
 
@@ -381,8 +353,6 @@ def table_labels(x: np.ndarray, noise: np.ndarray) -> np.ndarray:
 def table_file(rows: int, cache_dir) -> Path:
     """A ``rows``-row Parquet table made once: 8 float64 standard normal features ``x0..x7`` and the label
     ``y`` = :func:`table_labels` (standard normal noise), each 2^20-row chunk from its own fixed seed."""
-    import pyarrow as pa
-
     def make_chunk(i, start, m):
         rng = np.random.default_rng([20261201, i])
         x = rng.standard_normal((m, TABLE_FEATURES))
@@ -416,10 +386,8 @@ def peak_rss_mb(src, dst, label_column: str, lo: float, hi: float, epsilon: floa
     import subprocess
     import sys
 
-    import rpwjax
-
     env = dict(os.environ)
-    root = str(Path(rpwjax.__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the directory that holds the rpwjax package
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     done = subprocess.run([sys.executable, "-c", _PEAK_RSS_CHILD, str(src), str(dst), str(lo), str(hi), str(epsilon),
                            label_column], capture_output=True, text=True, env=env, check=False)
@@ -436,9 +404,6 @@ def table_auto_thunk(rows: int, cache_dir, epsilon: float = SEARCH_EPSILON):
     --pipeline auto`` runs: read, every statistic and fit, release, write). The thunk's ``meta`` receives the
     rule's choice and ``peak_rss_mb``, the peak memory of one such call in a fresh process (measured once, in
     setup: :func:`peak_rss_mb`)."""
-    from rpwjax.keys import Secret
-    from rpwjax.pipelines.table import privatize_table
-
     src = table_file(rows, cache_dir)
     dst = Path(cache_dir) / f"out-table-auto-{os.getpid()}.parquet"
     secret = Secret.from_seed(7)
@@ -472,8 +437,6 @@ def cleanup_outputs(cache_dir):
 
 def mechanism_names() -> tuple[str, ...]:
     """Every registered mechanism (a registered one whose module is missing fails its case, loudly)."""
-    from rpwjax.mechanisms import MECHANISMS
-
     return tuple(MECHANISMS)
 
 

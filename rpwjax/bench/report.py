@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import json
 import math
 import os
@@ -12,7 +11,12 @@ import sys
 import time
 from pathlib import Path
 
+import jax
+import jaxlib
 import numpy as np
+import pyarrow
+from matplotlib.figure import Figure
+from tqdm.auto import tqdm
 
 from rpwjax.bench.plans import Plan, SAMPLER_SUPPORT, SCHEMA_VERSION, SEARCH_EPSILON, SEARCH_ZETA_FRACTION, TARGETS
 from rpwjax.bench.cases import build_groups, cleanup_outputs, clear_caches, default_cache_dir
@@ -54,26 +58,19 @@ def evaluate_targets(cases: list[dict]) -> dict:
 
 
 def machine_info() -> dict:
-    import jax
-
     info = {
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "machine": platform.machine(),
         "python": sys.version.split()[0],
         "jax": jax.__version__,
-        "jaxlib": getattr(importlib.import_module("jaxlib"), "__version__", None),
+        "jaxlib": getattr(jaxlib, "__version__", None),
         "numpy": np.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    try:
-        import pyarrow
-
-        info["pyarrow"] = pyarrow.__version__
-    except ImportError:  # pragma: no cover - pyarrow is a dependency
-        pass
+    info["pyarrow"] = pyarrow.__version__
     if hasattr(os, "getloadavg"):
         info["load_average"] = list(os.getloadavg())
     return info
@@ -82,11 +79,6 @@ def machine_info() -> dict:
 def plot_results(cases: list[dict], out_dir) -> list[str]:
     """One figure per family: time against size (log-log, baselines dashed) and, where a
     baseline exists, the ratio to it against size. Returns the file names written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out_dir = Path(out_dir)
     written = []
     families = list(dict.fromkeys(c["family"] for c in cases))
@@ -98,7 +90,8 @@ def plot_results(cases: list[dict], out_dir) -> list[str]:
         baselines = {c["baseline"] for c in cases if c["family"] == family and c["baseline"]}
         with_ratio = [n for n in names if any(c["ratio"] for c in rows if c["name"] == n)]
         ncols = 2 if with_ratio else 1
-        fig, axes = plt.subplots(1, ncols, figsize=(6.4 * ncols, 4.4), squeeze=False)
+        fig = Figure(figsize=(6.4 * ncols, 4.4))
+        axes = fig.subplots(1, ncols, squeeze=False)
         ax = axes[0, 0]
         for name in names:
             pts = sorted((c["size"], c["median_s"]) for c in rows if c["name"] == name)
@@ -135,7 +128,6 @@ def plot_results(cases: list[dict], out_dir) -> list[str]:
         fig.tight_layout()
         name = f"{family}.png"
         fig.savefig(out_dir / name, dpi=110)
-        plt.close(fig)
         written.append(name)
     return written
 
@@ -143,8 +135,6 @@ def plot_results(cases: list[dict], out_dir) -> list[str]:
 def run_plan(plan: Plan, out_dir, *, cache_dir=None, families=None, repeats=None, plots=True,
              progress: bool = True) -> dict:
     """Run every case of ``plan``; write ``out_dir/results.json`` (+ plots); return the results."""
-    from tqdm.auto import tqdm
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()

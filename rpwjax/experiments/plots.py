@@ -1,10 +1,12 @@
-"""Privacy-utility plots (matplotlib is imported here only)."""
+"""Privacy-utility plots (matplotlib's object API: no pyplot, no global backend)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import matplotlib
 import numpy as np
+from matplotlib.figure import Figure
 
 from rpwjax.mechanisms import MECHANISMS
 from rpwjax.experiments.sweeps import NON_PRIVATE, mechanism_label, mechanism_order, series_name, settings_of, summarize
@@ -13,11 +15,6 @@ from rpwjax.experiments.sweeps import NON_PRIVATE, mechanism_label, mechanism_or
 def plot_curves(rows: list[dict], out_dir) -> list[Path]:
     """Per data set (and prior setting, when a data set has several): test MSE against ε (log axes, ±1 std
     band, non-private floor) and label MSE against ε; one line per mechanism and config."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
@@ -27,9 +24,10 @@ def plot_curves(rows: list[dict], out_dir) -> list[Path]:
         # one figure per data set and prior setting (rows of different settings are never mixed)
         sub = [s for s in summary if s["dataset"] == dataset and (s.get("prior") or "private") == prior]
         several = len(settings_of(summary, dataset)) > 1
-        fig, (ax_test, ax_label) = plt.subplots(1, 2, figsize=(12, 4.8))
+        fig = Figure(figsize=(12, 4.8))
+        ax_test, ax_label = fig.subplots(1, 2)
         mechs = mechanism_order(series_name(s) for s in sub if s["mechanism"] != NON_PRIVATE)
-        colors = plt.get_cmap("tab20" if len(mechs) > 10 else "tab10")
+        colors = matplotlib.colormaps["tab20" if len(mechs) > 10 else "tab10"]
         lowest = np.inf
         for index, m in enumerate(mechs):
             cells = sorted((s for s in sub if series_name(s) == m), key=lambda s: s["epsilon"])
@@ -62,6 +60,5 @@ def plot_curves(rows: list[dict], out_dir) -> list[Path]:
         fig.tight_layout()
         path = out_dir / (f"{dataset}_{prior}_curves.png" if several else f"{dataset}_curves.png")
         fig.savefig(path, dpi=120)
-        plt.close(fig)
         paths.append(path)
     return paths

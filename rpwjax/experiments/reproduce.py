@@ -24,6 +24,15 @@ from pathlib import Path
 
 import numpy as np
 
+from rpwjax.errors import InputError
+from rpwjax.experiments.datasets import load_dataset, train_test_split, validation_split
+from rpwjax.experiments.plots import plot_curves
+from rpwjax.experiments.sweeps import (NON_PRIVATE, format_target_table, read_rows, series_name, summarize,
+                                       target_table, write_rows)
+from rpwjax.mechanisms import MECHANISMS
+from rpwjax.pipelines import auto
+from rpwjax.pipelines.statistics import principal_scores
+
 LOW_EPSILONS = ("0.05", "0.1", "0.3", "0.5", "0.8", "1", "1.5", "2")
 BEYOND_VARIANTS = ("rpwithprior+calibrated", "two-stage", "two-stage-rpwithprior", "two-stage-unbiased", "linear-prior")
 DATASETS = ("crime", "california")
@@ -94,8 +103,6 @@ def run_jobs(out, only=None) -> list[tuple[str, float]]:
     import subprocess
     import sys
 
-    from rpwjax.errors import InputError
-
     out = Path(out)
     names = [j.name for j in JOBS]
     for name in only or ():
@@ -131,10 +138,6 @@ def beyond_report(out) -> str:
     beside it (``beyond/DATASET/curves.csv``) and ``beyond/target.md``;
     returns the table.
     """
-    from rpwjax.experiments.plots import plot_curves
-    from rpwjax.experiments.sweeps import format_target_table, read_rows, summarize, target_table, write_rows
-    from rpwjax.mechanisms import MECHANISMS
-
     out = Path(out)
     combined = []
     for dataset in ("california", "crime"):
@@ -177,8 +180,6 @@ def verdict_table(out) -> list[dict]:
     (positive: RPWithPrior wins), and the verdict. A difference within one seed
     standard deviation (the larger of the two cells') is a tie.
     """
-    from rpwjax.experiments.sweeps import read_rows, summarize
-
     out = Path(out)
     table = []
     for prior, folder, _ in SETTINGS:
@@ -236,8 +237,6 @@ TABLE_ORDER = ("rpwithprior", "rpwithprior [paper]", "rpwithprior+debias", "lapl
 
 def markdown_tables(path, prior: str) -> str:
     """The README's tables of one sweep: per data set, test MSE mean ± std per mechanism row and ε, best in bold."""
-    from rpwjax.experiments.sweeps import NON_PRIVATE, read_rows, series_name, summarize
-
     cells = [s for s in summarize(read_rows(path)) if s["prior"] == prior]
     parts = []
     for dataset in sorted({s["dataset"] for s in cells}):
@@ -277,9 +276,6 @@ def auto_table(out) -> list[dict]:
     the six by more than one seed standard deviation (the larger of the two cells'); for larger ε when auto
     is at most 2% worse. ``fair``: the better of RR-on-Bins and Unbiased given auto's feature-aware prior.
     """
-    from rpwjax.experiments.sweeps import read_rows, summarize
-    from rpwjax.mechanisms import MECHANISMS
-
     out = Path(out)
     table = []
     for dataset in AUTO_DATASETS:
@@ -315,9 +311,6 @@ def auto_table(out) -> list[dict]:
 
 def auto_plans(split, epsilons) -> dict:
     """The auto rule's plan for each ε on a split's training rows (public numbers only)."""
-    from rpwjax.pipelines import auto
-    from rpwjax.pipelines.statistics import principal_scores
-
     scores = principal_scores(split.x_train, auto.COMPONENTS)  # one SVD for every ε
     plans = {}
     for e in epsilons:
@@ -328,8 +321,6 @@ def auto_plans(split, epsilons) -> dict:
 
 def auto_branches(dataset: str, epsilons) -> dict:
     """The branch the auto rule takes for each ε on a bundled data set's training rows (public numbers only)."""
-    from rpwjax.experiments.datasets import load_dataset, train_test_split
-
     return {e: p.branch for e, p in auto_plans(train_test_split(load_dataset(dataset), seed=0), epsilons).items()}
 
 
@@ -363,9 +354,6 @@ def validation_table(out) -> list[dict]:
     its seeds) of the test MSE on the held-out quarter with the branch forced each way, in how many folds
     the unbiased branch was the better one, and the branch the rule picks there.
     """
-    from rpwjax.experiments.datasets import load_dataset, train_test_split, validation_split
-    from rpwjax.experiments.sweeps import read_rows, summarize
-
     table = []
     for dataset in VALIDATION_EPSILONS:
         folds = {}
@@ -386,8 +374,6 @@ def validation_table(out) -> list[dict]:
 
 
 def format_validation_table(table: list[dict]) -> str:
-    from rpwjax.pipelines import auto
-
     lines = [f"Step 2 of auto's rule on validation folds (held-out quarters of the training rows, never a test "
              f"row): unbiased labels when Q < {auto.UNBIASED_BELOW:g}. Test MSE on the held-out rows, mean over "
              f"folds of the mean over 3 seeds.", "",

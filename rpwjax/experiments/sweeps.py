@@ -21,12 +21,18 @@ import math
 import time
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+from tqdm.auto import tqdm
 
 from rpwjax import api
 from rpwjax.experiments.datasets import Split
 from rpwjax.errors import InputError, check_epsilon
+from rpwjax.io import atomic_path
 from rpwjax.keys import Secret
 from rpwjax.pipelines import PIPELINES
+from rpwjax.pipelines.two_stage import TwoStageRun, train_runs
+from rpwjax.posterior import debias, posterior_mean
 from rpwjax.release_path import release_grid
 from rpwjax.training import test_mse_many, train_many
 
@@ -119,8 +125,6 @@ VARIANTS = PIPELINES
 
 def _variant_jobs(split: Split, config: SweepConfig, name: str, eps: np.ndarray, bar=None) -> list[tuple]:
     """(name, ε, seed, labels, label mse, seconds per label set, 0) for every ε and seed of a variant."""
-    from rpwjax.pipelines.two_stage import TwoStageRun, train_runs
-
     y = split.y_train
     jobs = []
     row = PIPELINES[name]
@@ -159,8 +163,6 @@ def privatize_grid(fit: api.FitResult, seed: int, mechanism: str, labels) -> np.
 
 def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> list[dict]:
     """All cells of the sweep as tidy rows (see :data:`COLUMNS`), non-private floor included."""
-    from tqdm.auto import tqdm
-
     config.validate()
     eps = np.asarray(config.epsilons, np.float64)
     y = split.y_train
@@ -187,16 +189,12 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
                 noisy = privatize_grid(fit, seed, "rpwithprior" if mech == DEBIAS else mech, y)
                 name = mech
                 if mech == DEBIAS:
-                    from rpwjax.posterior import debias
-
                     noisy, name = debias(fit.params, noisy), f"rpwithprior+{DEBIAS}"
                 sample_seconds = (time.perf_counter() - start) / eps.size
                 label_mse = np.mean((noisy.astype(np.float64) - y) ** 2, axis=1)
                 for i, e in enumerate(eps):
                     jobs.append((name, float(e), seed, noisy[i], float(label_mse[i]), fit_seconds, sample_seconds, cfg))
                 if mech in config.denoise and mech != DEBIAS and cfg == "default":
-                    from rpwjax.posterior import posterior_mean
-
                     if fit.prior_used is None or fit.prior_used.kind == "none":
                         # a prior-free mechanism: the denoised rows pay for their own prior (ε₁) like the others
                         fit = api.fit(mech, y, range=(split.lo, split.hi), epsilon=eps, seed=10_000 + seed,
@@ -362,17 +360,10 @@ def format_target_table(table: list[dict]) -> str:
 
 def write_rows(rows: list[dict], path) -> None:
     """Tidy results as CSV (atomic)."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    from rpwjax.io import atomic_path
-
     table = pa.table({c: [r[c] for r in rows] for c in COLUMNS})
     with atomic_path(path) as tmp:
         pacsv.write_csv(table, tmp)
 
 
 def read_rows(path) -> list[dict]:
-    import pyarrow.csv as pacsv
-
     return pacsv.read_csv(path).to_pylist()

@@ -44,6 +44,11 @@ import numpy as np
 
 from rpwjax.errors import InputError
 from rpwjax.keys import Secret
+from rpwjax.pipelines.auto import auto_labels
+from rpwjax.pipelines.calibrated import calibrated_denoised
+from rpwjax.pipelines.feature_prior import feature_prior_labels
+from rpwjax.pipelines.linear_prior import linear_prior_labels
+from rpwjax.pipelines.two_stage import TwoStageConfig, two_stage_labels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +66,6 @@ class Pipeline:
         return self.kind == "two-stage"
 
     def two_stage_config(self, bins: int = 32):
-        from rpwjax.pipelines.two_stage import TwoStageConfig
-
         if self.kind != "two-stage":
             raise InputError(f"pipeline {self.name!r} is not a two-stage pipeline")
         return TwoStageConfig(bins=bins, **self.settings)
@@ -74,23 +77,14 @@ class Pipeline:
         ``step(name)``, if given, is called as each step of the pipeline starts (``auto``'s steps; the
         others are one step)."""
         if self.kind == "auto":
-            from rpwjax.pipelines.auto import auto_labels
-
             return auto_labels(features, labels, lo, hi, epsilon, secret=secret, bins=bins, step=step,
                                **self.settings)
         if self.kind == "feature-prior":
-            from rpwjax.pipelines.feature_prior import feature_prior_labels
-
             return feature_prior_labels(features, labels, lo, hi, epsilon, secret=secret, bins=bins, **self.settings)
         if self.kind == "linear-prior":
-            from rpwjax.pipelines.linear_prior import linear_prior_labels
-
             return linear_prior_labels(features, labels, lo, hi, epsilon, secret=secret, **self.settings)
         if self.kind == "calibrated":
-            from rpwjax.pipelines.calibrated import calibrated_denoised
-
             return calibrated_denoised(labels, lo, hi, epsilon, secret=secret, bins=bins, **self.settings)
-        from rpwjax.pipelines.two_stage import two_stage_labels
 
         run = two_stage_labels(features, labels, lo, hi, epsilon, secret=secret, config=self.two_stage_config(bins),
                                epochs=epochs)

@@ -124,12 +124,15 @@ import numpy as np
 
 from rpwjax.errors import check_choice, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
+from rpwjax.mechanisms import entry
+from rpwjax.pipelines.calibrated import calibrated_denoised
 from rpwjax.pipelines.linear_prior import check_features, linear_centres, release_around, residual_prior_around
 from rpwjax.pipelines.residuals import (CENTRE_GROUPS, centre_groups, clipping_error, residual_clip_range,
                                        unbiased_residual_fit, unbiased_residual_release)
 from rpwjax.pipelines.statistics import (bounded_design, fit_noise_energy, fit_signal_to_noise, median_cells,
                                          principal_scores, private_cell_fit, private_slope, slope_noise,
                                          winsorized_scores)
+from rpwjax.priors import histogram_prior
 from rpwjax.release_path import sidecar_fields
 
 AFFORD_RHO = 0.5  # step 1: k components are affordable when ρ(ε/2) is at most this; with none, no features
@@ -205,9 +208,6 @@ def afforded_design(features, epsilon: float, *, scores=None):
 def uniform_unbiased_variance(epsilon: float, bins: int = 32) -> float:
     """Label variance of the Unbiased mechanism fitted to the uniform prior on [0, 1] at ``epsilon`` (scale by
     W² for a range of width W): a public number."""
-    from rpwjax.mechanisms import entry
-    from rpwjax.priors import histogram_prior
-
     _, info = entry("unbiased").fit(histogram_prior(np.linspace(0.0, 1.0, bins + 1), np.full(bins, 1.0 / bins)),
                                     float(epsilon))
     return float(np.asarray(info["label_mse"]).reshape(-1)[0])
@@ -401,8 +401,6 @@ def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int 
     ``branch`` fixes step 2 (``"denoised"`` or ``"unbiased"``; for validating the rule, see the module docstring).
     ``step(name)``, if given, is called as each step starts (a progress bar's).
     """
-    from rpwjax.pipelines.calibrated import calibrated_denoised
-
     step = step or (lambda name: None)
     lo, hi = check_range(lo, hi)
     eps = float(check_epsilon(epsilon))

@@ -25,6 +25,7 @@ import numpy as np
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms import entry
+from rpwjax.pipelines import auto
 from rpwjax.pipelines.linear_prior import check_features, linear_residual_prior, row_prior_builder
 from rpwjax.pipelines.residuals import centre_groups
 from rpwjax.priors import Prior
@@ -37,8 +38,6 @@ RETRY_SHARE = 1e-2  # when the mechanism's solver fails on a group's prior, it i
 
 def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, mechanism: str, bins: int = 32):
     """``mechanism`` (RR-on-Bins or Unbiased) with the feature-aware prior of ``auto``: ``(labels, record)``."""
-    from rpwjax.pipelines import auto
-
     if mechanism not in MECHANISMS:
         raise InputError(f"mechanism must be one of {', '.join(MECHANISMS)}, got mechanism={mechanism!r}")
     lo, hi = check_range(lo, hi)

@@ -9,6 +9,7 @@ import numpy as np
 
 from rpwjax.errors import check_epsilon
 from rpwjax.keys import Secret
+from rpwjax.mechanisms import entry
 from rpwjax.priors import Prior, histogram_prior, histogram_release, project_counts
 from rpwjax.release_path import release
 
@@ -226,8 +227,6 @@ def unbiased_residual_fit(edges, mass, width, epsilon, residual_range=None):
     """The optimal unbiased randomizer for residuals clipped to ``residual_range`` (default
     :func:`residual_clip_range`), fitted on the residual prior restricted to that range:
     ``(params, (c_lo, c_hi), info)`` (``info["label_mse"]`` is its exact E[(Ỹ - R)²] under that prior)."""
-    from rpwjax.mechanisms import entry
-
     c_lo, c_hi = residual_range if residual_range is not None else residual_clip_range(edges, mass, width)
     clipped = np.clip(edges, c_lo, c_hi)
     inner = clipped[1:] > clipped[:-1]

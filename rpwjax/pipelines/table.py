@@ -19,11 +19,15 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+from tqdm.auto import tqdm
 
 from rpwjax import io
 from rpwjax.errors import InputError, check_epsilon, check_range
 from rpwjax.keys import Secret, secret_record
 from rpwjax.pipelines import pipeline as lookup
+from rpwjax.privatize import bind_release
+from rpwjax.tables import read_feature_table
 
 DEFAULT_EPOCHS = 50
 
@@ -51,7 +55,6 @@ def _give_back_memory():
     import gc
 
     gc.collect()
-    import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
     try:
@@ -75,8 +78,6 @@ class _Steps:
     @contextlib.contextmanager
     def pipeline(self, name: str, steps: int):
         """A bar over the pipeline's ``steps``; yields ``step(name)`` for :meth:`rpwjax.pipelines.Pipeline.run`."""
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=steps, desc=self.desc(name), unit="step", disable=not self.enabled,
                    bar_format="{desc}: {n_fmt}/{total_fmt} steps [{elapsed}] {postfix}")
         started = []
@@ -112,9 +113,6 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
     on stderr for each step (reading, the pipeline's steps, writing). ``report(line)``, if given, receives
     the feature choice in words.
     """
-    from rpwjax.privatize import bind_release
-    from rpwjax.tables import read_feature_table
-
     row = lookup(pipeline)
     eps = float(check_epsilon(epsilon))
     lo, hi = check_range(lo, hi)

@@ -61,6 +61,7 @@ from rpwjax.pipelines.residuals import (residual_histogram, shifted_priors, unbi
 from rpwjax.posterior import posterior_mean, posterior_mean_per_row
 from rpwjax.priors import Prior, histogram_prior, private_histogram
 from rpwjax.release_path import release, sidecar_fields
+from rpwjax.training import predict_many, train_many
 
 # the pipelines' histograms: projected onto the public row count, noise keyed by purpose "counts" under a
 # per-stage child secret (each pipeline derives one child secret per ε first)
@@ -244,8 +245,6 @@ def stage_model_predictions(features, rows, targets, seeds, *, epochs: int = 50,
     with the smallest squared error against the held-out *private* labels
     (post-processing: early stopping costs no privacy).
     """
-    from rpwjax.training import predict_many, train_many
-
     x = np.asarray(features, np.float32)
     rows = np.asarray(rows)
     targets = np.atleast_2d(np.asarray(targets, np.float32))
