@@ -240,3 +240,11 @@ def test_the_checker_sees_what_it_must(tmp_path):
     problems = layer_problems(graph, [["rpwjax.low"], ["rpwjax.high"]])
     assert problems == [f"{PACKAGE} is in no layer of LAYERS (add it where its imports put it)",
                         "rpwjax.low.a -> rpwjax.high: layer 0 imports from the higher layer 1"]
+
+
+def test_the_readme_draws_these_layers():
+    text = (ROOT.parent / "README.md").read_text()
+    after = text[text.index("Layers, low to high"):].split("\n\n")[1]  # the indented drawing that follows
+    drawn = [[PACKAGE if r == PACKAGE else f"{PACKAGE}.{r}" for r in group.split()]
+             for group in " ".join(line.strip() for line in after.splitlines()).split("<")]
+    assert drawn == LAYERS, "README.md's development section draws other layers than LAYERS"
