@@ -39,7 +39,7 @@ def privatize_dataframe(frame, *, label_column: str, params: Mechanism, secret: 
     key = release_secret(secret, release_id, label_column=label_column)
     if label_column not in frame.columns:
         raise InputError(f"label column {label_column!r} not found; columns are {list(frame.columns)}")
-    certify.certify(params)  # refused here, before the graph: every partition's release would refuse the same parameters
+    certify.certify(params)  # refused here, before the graph: every partition would refuse these parameters
     lengths = frame.map_partitions(len).compute()
     offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))[:-1]])
 
