@@ -23,9 +23,9 @@ and 20-round keystreams of the all-zero key in the tests.
 
 **Why 12 rounds.** The best published attacks on ChaCha reach 7 rounds;
 12 rounds is the margin of the ChaCha12 generators in wide use (the default
-CSPRNG of Rust's ``rand``), and costs 0.6 of ChaCha20's time here, which
-keeps the release within 2x of ``jax.random.uniform`` (the benchmark's
-``sampling`` family measures the ratio in every run).
+CSPRNG of Rust's ``rand``), at 12/20 of ChaCha20's arithmetic: what keeps
+every continuous release within 2x of ``jax.random.uniform`` (the
+benchmark's ``sampling`` family measures the ratio in every run).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def fewer_fresh_labels(monkeypatch):
     """Audits in the test (``audit_mechanism``, ``rpwjax audit``) draw FEWER_FRESH_LABELS fresh random labels for
     the realized check instead of the shipped 4,096, which cost most of a full run's time; the audit is otherwise
     the shipped one. tests/test_audit.py runs every registered mechanism with the shipped count under the
-    ``stat`` marker."""
+    ``long`` marker."""
     from rpwjax.audit.checks import audit_mechanism
 
     monkeypatch.setitem(audit_mechanism.__kwdefaults__, "fresh_labels", FEWER_FRESH_LABELS)

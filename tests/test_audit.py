@@ -21,15 +21,15 @@ from rpwjax.mechanisms.rr_on_bins import RROnBins
 from helpers import slow_unless
 
 SAMPLES = 200_000  # per label; enough to catch every broken mechanism below with a wide margin
-# the tests about the fresh labels, and those marked stat, keep the shipped count; the others draw fewer
+# the tests about the fresh labels, and those marked long, keep the shipped count; the others draw fewer
 SHIPPED_FRESH = {"test_a_sampler_that_leaks_in_a_narrow_interval_is_caught_by_the_fresh_labels",
                  "test_audit_seed_reproduces_the_labels_and_is_reported"}
 
 
 @pytest.fixture(autouse=True)
 def _fewer_fresh_labels(request):
-    """Audits here draw conftest's FEWER_FRESH_LABELS fresh labels, except in SHIPPED_FRESH and stat tests."""
-    if request.node.originalname not in SHIPPED_FRESH and request.node.get_closest_marker("stat") is None:
+    """Audits here draw conftest's FEWER_FRESH_LABELS fresh labels, except in SHIPPED_FRESH and long tests."""
+    if request.node.originalname not in SHIPPED_FRESH and request.node.get_closest_marker("long") is None:
         request.getfixturevalue("fewer_fresh_labels")
 
 
@@ -146,7 +146,7 @@ def test_registered_mechanism_passes(name, epsilon):
 
 
 @pytest.mark.slow
-@pytest.mark.stat
+@pytest.mark.long
 @pytest.mark.parametrize("name, epsilon", [(name, eps) for name in mechanism_names() for eps in (1.0, 2.0)],
                          ids=[f"{name}-{eps}" for name in mechanism_names() for eps in (1.0, 2.0)])
 def test_registered_mechanism_passes_with_the_shipped_fresh_labels(name, epsilon):

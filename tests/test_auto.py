@@ -530,6 +530,7 @@ def test_clipping_error_is_the_integral_under_the_histogram(rng):
     assert residuals.clipping_error(edges, mass, -2.0, 2.0) == 0.0
 
 
+@pytest.mark.slow
 def test_auto_clips_residuals_less_as_epsilon_grows(rng, monkeypatch):
     """Step 4 (unbiased): each group's clip quantile is the cheapest of CLIP_QUANTILES in bias² + variance, so
     the 2% clip of moderate ε gives way to wider ranges where the release's noise is small, and the released
@@ -688,6 +689,7 @@ def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(
         feature_prior.feature_prior_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(2), mechanism="laplace")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_curves_on_a_users_file_reports_auto_next_to_the_baselines(tmp_path, rng, capsys):
     import pyarrow as pa
@@ -763,6 +765,7 @@ def _id_table(path, rng, n=400):
     return path
 
 
+@pytest.mark.slow
 def test_privatize_table_leaves_identifiers_out_and_fills_gaps_and_curves_chooses_alike(tmp_path, rng, capsys):
     from rpwjax import cli
     from rpwjax.experiments.datasets import load_table

@@ -25,6 +25,7 @@ def bench_run(tmp_path_factory):
     return code, out, json.loads((out / "results.json").read_text())
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_runs_every_case_without_error(bench_run):
     code, _, results = bench_run
@@ -35,6 +36,7 @@ def test_runs_every_case_without_error(bench_run):
     assert all(c["median_s"] > 0 and c["repeats"] >= 1 for c in results["cases"] if "skipped" not in c)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_results_structure(bench_run):
     _, _, results = bench_run
@@ -52,6 +54,7 @@ def test_results_structure(bench_run):
     assert {c["family"] for c in results["cases"]} == set(plans.FAMILIES)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_every_registered_mechanism_has_a_sampling_case(bench_run):
     _, _, results = bench_run
@@ -61,6 +64,7 @@ def test_every_registered_mechanism_has_a_sampling_case(bench_run):
     assert floor and all(c["median_s"] for c in floor)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_ratios_are_against_the_same_runs_baseline(bench_run):
     _, _, results = bench_run
@@ -73,6 +77,7 @@ def test_ratios_are_against_the_same_runs_baseline(bench_run):
         assert math.isclose(c["ratio"], c["median_s"] / base["median_s"], rel_tol=1e-12)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_targets_section(bench_run):
     _, _, results = bench_run
@@ -89,6 +94,7 @@ def test_targets_section(bench_run):
         assert t["proxy"] is True  # tiny sizes are never the specified ones
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_plots_exist(bench_run):
     _, out, results = bench_run
@@ -117,6 +123,7 @@ def test_privatize_case_uses_the_cli_chunk_size():
     assert cases.PRIVATIZE_CHUNK_ROWS == DEFAULT_CHUNK_ROWS
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_privatize_table_family(bench_run):
     """auto next to privatize_file of the same labels, in every group of the family, with the ratio."""
@@ -148,6 +155,8 @@ def test_privatize_table_family(bench_run):
         assert "peak RSS" in summary(results)
 
 
+@pytest.mark.long
+@pytest.mark.slow
 def test_peak_rss_of_privatize_table_does_not_grow_like_rows_times_bins(tmp_path):
     """The denoised release (ε = 0.05) gathers each row's prior a block at a time: 8x the rows cost far less than
     8x the memory (before, every row's (bins,) prior was held at once: about 1.5 kB a row)."""

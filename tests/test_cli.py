@@ -458,6 +458,7 @@ def test_column_types_do_not_depend_on_the_chunks(tmp_path):
     assert [str(t) for t in whole.schema.types] == ["int64", "double", "string", "string", "double"]
 
 
+@pytest.mark.slow
 def test_a_decimal_label_is_read_as_float64_and_said_so(files, tmp_path, capsys):
     from decimal import Decimal
 
@@ -480,6 +481,7 @@ def test_a_decimal_label_is_read_as_float64_and_said_so(files, tmp_path, capsys)
     assert side["label_type"] == "decimal128(12, 2) read as float64" and side["features"]["used"] == ["x", "z"]
 
 
+@pytest.mark.slow
 def test_every_long_pass_shows_a_bar_with_a_total(files, tmp_path, capsys):
     d, _ = files
     src = tmp_path / "t.csv"

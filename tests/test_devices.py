@@ -37,6 +37,7 @@ def _run(tmp_path, devices, mechanism):
     return np.load(target)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_one_and_four_devices_give_identical_output(tmp_path):
     for mechanism in ("rpwithprior", "staircase"):

@@ -142,6 +142,7 @@ def test_bad_sweep_config():
         SweepConfig(mechanisms=("magic",)).validate()
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_variants_join_the_sweep_and_the_target_table_compares_them(crime_split):
     from rpwjax.experiments.sweeps import VARIANTS, format_target_table, target_table

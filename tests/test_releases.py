@@ -130,6 +130,7 @@ def test_same_key_two_fits_publish_independent_histogram_noise(files, tmp_path, 
     assert np.sum(np.abs(masses[0] - masses[1]) > 1e-12) > 4
 
 
+@pytest.mark.slow
 def test_pipelines_on_one_key_file_never_share_a_uniform_stream(files, tmp_path, capsys, monkeypatch):
     """Every release of every pipeline (and stage) under one key file draws from its own ChaCha key."""
     import rpwjax.release_path as rp

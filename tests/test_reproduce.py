@@ -169,6 +169,7 @@ def test_the_readme_results_tables_are_the_committed_sweeps():
             assert table in readme, (prior, dataset)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_run_jobs_runs_each_job_in_its_own_process_and_logs_it(tmp_path, monkeypatch):
     tiny = reproduce.Job("tiny", "tiny", ("--dataset", "crime", "--mechanisms", "laplace", "--epsilon", "1",

@@ -20,6 +20,7 @@ ROWS = 50_000_000
 GROUP = 1_000_000
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_fifty_million_row_parquet_streams_under_one_gigabyte(tmp_path):
     src = tmp_path / "big.parquet"
@@ -72,6 +73,7 @@ def test_fifty_million_row_parquet_streams_under_one_gigabyte(tmp_path):
 CSV_ROWS = 5_000_000
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_five_million_row_csv_streams_under_one_gigabyte_and_keeps_every_field(tmp_path):
     src = tmp_path / "big.csv"
