@@ -19,11 +19,10 @@ from rpwjax.mechanisms.base import Mechanism, label_mse_grid
 from rpwjax.errors import InputError, check_choice, check_epsilon, check_labels, check_range  # noqa: F401 (InputError re-exported)
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import MECHANISMS, entry, mechanism_names  # noqa: F401 (MECHANISMS, mechanism_names re-exported)
-from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
+from rpwjax.priors import DEFAULT_BINS, Prior, empirical_prior, histogram_prior, private_histogram
 
 PRIORS = ("empirical", "private")
 DEFAULT_PRIOR_FRACTION = 0.1  # ε₁ = 0.1·ε unless --prior-epsilon is given
-DEFAULT_BINS = 32
 FORMAT_VERSION = 1
 
 

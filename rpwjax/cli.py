@@ -21,7 +21,6 @@ from pathlib import Path
 
 from rpwjax import __version__, interrupts
 
-DEFAULT_BINS_CLI = 32
 MAX_BINS = 1024  # --bins lies in [1, MAX_BINS]: RR-on-Bins' fit grows with the square of the bins
 
 EXIT_INPUT = 2
@@ -648,13 +647,14 @@ def cmd_demo(args) -> int:
     _check_sweep_outputs(args.out, args.overwrite)
     config = SweepConfig(epsilons=(0.1, 0.5, 1.0, 2.0, 8.0), seeds=3, epochs=20)
     print("rpwjax demo: all six mechanisms on bundled California Housing, eps in {0.1, 0.5, 1, 2, 8}, "
-          "3 seeds, 20 epochs, private histogram prior (eps1 = 0.1 eps, 32 bins)")
+          f"3 seeds, 20 epochs, private histogram prior (eps1 = 0.1 eps, {config.bins} bins)")
     return _sweep(train_test_split(load_dataset("california"), seed=0), config, args.out, args.quiet)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from rpwjax.io import MAX_CHUNK_ROWS
     from rpwjax.privatize import DEFAULT_CHUNK_ROWS
+    from rpwjax.priors import DEFAULT_BINS
 
     parser = _Parser(prog="rpwjax", description="Label differential privacy for regression, in JAX.")
     parser.add_argument("--version", action="version", version=f"rpwjax {__version__}")
@@ -754,7 +754,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=50)
     p.add_argument("--prior", choices=list(PRIORS), default="private", help="default private (Hist_eps)")
     p.add_argument("--prior-epsilon", type=float, default=None, help="epsilon_1 (default 0.1*epsilon)")
-    p.add_argument("--bins", type=int, default=DEFAULT_BINS_CLI, help=f"1 to {MAX_BINS} (default {DEFAULT_BINS_CLI})")
+    p.add_argument("--bins", type=int, default=DEFAULT_BINS, help=f"1 to {MAX_BINS} (default {DEFAULT_BINS})")
     p.add_argument("--clip", action="store_true", help="clip labels outside --range")
     p.add_argument("--denoise", nargs="+", choices=[*MECHANISMS, "debias"], default=None, metavar="NAME",
                    help="also evaluate these mechanisms after posterior denoising (rows NAME+posterior); debias: "

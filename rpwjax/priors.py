@@ -217,6 +217,7 @@ def histogram_release(values, edges, epsilon, secret, purpose: str = "counts", *
     return noise.noisy_counts(counts, eps, secret, purpose, *index)
 
 
+DEFAULT_BINS = 32  # bins of a private histogram prior over the public range, unless a caller says otherwise
 PROJECTIONS = ("clip", "project")
 
 

@@ -49,6 +49,7 @@ from rpwjax.pipelines.calibrated import calibrated_denoised
 from rpwjax.pipelines.feature_prior import feature_prior_labels
 from rpwjax.pipelines.linear_prior import linear_prior_labels
 from rpwjax.pipelines.two_stage import TwoStageConfig, two_stage_labels
+from rpwjax.priors import DEFAULT_BINS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +66,12 @@ class Pipeline:
         """Whether the pipeline trains stage models on private labels (then ``epochs`` applies)."""
         return self.kind == "two-stage"
 
-    def two_stage_config(self, bins: int = 32):
+    def two_stage_config(self, bins: int = DEFAULT_BINS):
         if self.kind != "two-stage":
             raise InputError(f"pipeline {self.name!r} is not a two-stage pipeline")
         return TwoStageConfig(bins=bins, **self.settings)
 
-    def run(self, features, labels, lo, hi, epsilon, *, secret: Secret, epochs: int = 50, bins: int = 32,
+    def run(self, features, labels, lo, hi, epsilon, *, secret: Secret, epochs: int = 50, bins: int = DEFAULT_BINS,
             step=None):
         """Private training labels for one ε: ``(labels, record)`` (the record is the accounting).
 

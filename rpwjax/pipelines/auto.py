@@ -132,7 +132,7 @@ from rpwjax.pipelines.residuals import (CENTRE_GROUPS, centre_groups, clipping_e
 from rpwjax.pipelines.statistics import (bounded_design, fit_noise_energy, fit_signal_to_noise, median_cells,
                                          principal_scores, private_cell_fit, private_slope, slope_noise,
                                          winsorized_scores)
-from rpwjax.priors import histogram_prior
+from rpwjax.priors import DEFAULT_BINS, histogram_prior
 from rpwjax.release_path import sidecar_fields
 
 AFFORD_RHO = 0.5  # step 1: k components are affordable when ρ(ε/2) is at most this; with none, no features
@@ -152,7 +152,7 @@ COMPONENTS = 8  # step 1: the most principal components the design may keep
 SCORE_QUANTILE = 0.01  # step 1: every principal score is clipped to its 1% and 99% quantiles (winsorized_scores)
 CELL_NOISE_RATIO = 0.5  # step 4: the linear fit from cell means when its noise energy is at most this of the sums'
 CELL_COMPONENTS = 3  # ... and the design has at most this many components (2^k cells: each holds n/8 rows or more)
-RESIDUAL_BINS = 32
+RESIDUAL_BINS = DEFAULT_BINS
 CALIBRATED_PRIOR_FRACTION = 0.5
 
 
@@ -205,7 +205,7 @@ def afforded_design(features, epsilon: float, *, scores=None):
 
 
 @functools.lru_cache(maxsize=256)
-def uniform_unbiased_variance(epsilon: float, bins: int = 32) -> float:
+def uniform_unbiased_variance(epsilon: float, bins: int = DEFAULT_BINS) -> float:
     """Label variance of the Unbiased mechanism fitted to the uniform prior on [0, 1] at ``epsilon`` (scale by
     W² for a range of width W): a public number."""
     _, info = entry("unbiased").fit(histogram_prior(np.linspace(0.0, 1.0, bins + 1), np.full(bins, 1.0 / bins)),
@@ -394,7 +394,7 @@ def _grouped_unbiased(prior, y, lo, hi, eps2, secret: Secret):
     return out, {"denoised": False, "groups": len(fields), "release": fields}
 
 
-def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int = 32, branch: str | None = None,
+def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int = DEFAULT_BINS, branch: str | None = None,
                 step=None):
     """Private training labels by the ``auto`` rule: ``(labels, record)``; ``record["auto"]`` is the rule's trace.
 

@@ -17,7 +17,7 @@ from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms.rpwithprior import fit_rpwithprior
 from rpwjax.pipelines.statistics import private_mean
 from rpwjax.posterior import posterior_mean
-from rpwjax.priors import Prior, private_histogram
+from rpwjax.priors import DEFAULT_BINS, Prior, private_histogram
 from rpwjax.release_path import release, sidecar_fields
 
 # the pipelines' histograms: projected onto the public row count, noise keyed by purpose "counts" under a
@@ -62,7 +62,7 @@ def calibrated_prior(labels, lo, hi, epsilon_prior, *, bins: int, secret: Secret
     return Prior(left, right, _tilt_to_mean(left, right, mass, mean), hist.lo, hist.hi, False, "calibrated-histogram")
 
 
-def calibrated_denoised(labels, lo, hi, epsilon, *, secret: Secret, prior_fraction: float = 0.5, bins: int = 32):
+def calibrated_denoised(labels, lo, hi, epsilon, *, secret: Secret, prior_fraction: float = 0.5, bins: int = DEFAULT_BINS):
     """RPWithPrior (ζ auto) fitted to the mean-calibrated prior, outputs denoised under that prior.
 
     Spends ε₁ = ``prior_fraction``·ε on the prior (half histogram, half mean)

@@ -28,7 +28,7 @@ from rpwjax.mechanisms import entry
 from rpwjax.pipelines import auto
 from rpwjax.pipelines.linear_prior import check_features, linear_residual_prior, row_prior_builder
 from rpwjax.pipelines.residuals import centre_groups
-from rpwjax.priors import Prior
+from rpwjax.priors import DEFAULT_BINS, Prior
 from rpwjax.release_path import release, sidecar_fields
 
 MECHANISMS = ("rr-on-bins", "unbiased")
@@ -36,7 +36,7 @@ UNIFORM_SHARE = 1e-6
 RETRY_SHARE = 1e-2  # when the mechanism's solver fails on a group's prior, it is refitted with this uniform share
 
 
-def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, mechanism: str, bins: int = 32):
+def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, mechanism: str, bins: int = DEFAULT_BINS):
     """``mechanism`` (RR-on-Bins or Unbiased) with the feature-aware prior of ``auto``: ``(labels, record)``."""
     if mechanism not in MECHANISMS:
         raise InputError(f"mechanism must be one of {', '.join(MECHANISMS)}, got mechanism={mechanism!r}")

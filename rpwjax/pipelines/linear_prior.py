@@ -23,7 +23,7 @@ from rpwjax.pipelines.residuals import (censored_priors, mean_matched_priors, re
                                        unbiased_residual_fit, unbiased_residual_release)
 from rpwjax.pipelines.statistics import private_linear_fit, public_design
 from rpwjax.posterior import posterior_mean_per_row
-from rpwjax.priors import histogram_prior
+from rpwjax.priors import DEFAULT_BINS, histogram_prior
 from rpwjax.release_path import release, sidecar_fields
 
 STAGE2 = ("rpwithprior", "unbiased")
@@ -44,7 +44,7 @@ class LinearResidualPrior:
 
 
 def linear_residual_prior(design, bound, labels, lo, hi, eps_s, eps1, secret: Secret, *,
-                          residual_bins: int = 32) -> LinearResidualPrior:
+                          residual_bins: int = DEFAULT_BINS) -> LinearResidualPrior:
     """Releases 1 and 2: the ε_s-DP linear fit (child secret "statistics") and the ε₁-DP residual histogram
     around it (child secret "residual-histogram"). ``secret`` is the pipeline's per-ε secret."""
     _, m = linear_centres(design, bound, labels, lo, hi, eps_s, secret)
@@ -59,7 +59,7 @@ def linear_centres(design, bound, labels, lo, hi, eps_s, secret: Secret):
 
 
 def residual_prior_around(centres, design, bound, labels, lo, hi, eps1, secret: Secret, *,
-                          residual_bins: int = 32) -> LinearResidualPrior:
+                          residual_bins: int = DEFAULT_BINS) -> LinearResidualPrior:
     """Release 2: the ε₁-DP histogram of the residuals y - m (child secret "residual-histogram")."""
     edges, mass = residual_histogram(labels - centres, hi - lo, eps1, bins=residual_bins,
                                      secret=secret.child("residual-histogram"))
@@ -138,7 +138,7 @@ def check_features(features, y) -> np.ndarray:
 
 
 def linear_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, stats_fraction: float = 0.4,
-                        prior_fraction: float = 0.1, components: int = 8, residual_bins: int = 32,
+                        prior_fraction: float = 0.1, components: int = 8, residual_bins: int = DEFAULT_BINS,
                         stage2: str = "rpwithprior"):
     """Private labels whose per-row prior is centred on a private linear model (no split).
 

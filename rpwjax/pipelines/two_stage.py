@@ -59,7 +59,7 @@ from rpwjax.mechanisms.rpwithprior import choose_zeta, fit_rpwithprior_per_row
 from rpwjax.pipelines.residuals import (residual_histogram, shifted_priors, unbiased_residual_fit,
                                        unbiased_residual_release)
 from rpwjax.posterior import posterior_mean, posterior_mean_per_row
-from rpwjax.priors import Prior, histogram_prior, private_histogram
+from rpwjax.priors import DEFAULT_BINS, Prior, histogram_prior, private_histogram
 from rpwjax.release_path import release, sidecar_fields
 from rpwjax.training import predict_many, train_many
 
@@ -83,8 +83,8 @@ class TwoStageConfig:
     stage2: str = "rpwithprior"
     fraction: float = 0.5  # share of the training rows in part A
     prior_fraction: float = 0.1  # ε₁/ε in each stage
-    bins: int = 32  # stage-1 private histogram
-    residual_bins: int = 32
+    bins: int = DEFAULT_BINS  # stage-1 private histogram
+    residual_bins: int = DEFAULT_BINS
     holdout: float = 0.2  # share of a stage's rows whose private labels pick the stage model's epoch (0: none)
 
     def validate(self):
