@@ -110,10 +110,10 @@ def _add_secret_options(p: argparse.ArgumentParser, what: str):
 
 
 def _check_bins(bins, name="--bins"):
-    from rpwjax.errors import InputError
+    from rpwjax.errors import check_integer
 
-    if bins is not None and not 1 <= bins <= MAX_BINS:
-        raise InputError(f"{name} must be an integer from 1 to {MAX_BINS}, got {bins}")
+    if bins is not None:
+        check_integer(bins, name, 1, MAX_BINS)
 
 
 def _check_fit_options(args, *, spend_prior: bool):
@@ -462,7 +462,7 @@ def _sweep(split, config, out_dir, quiet) -> int:
 def cmd_curves(args) -> int:
     from rpwjax.experiments.datasets import (VALIDATION_SEED, load_dataset, load_table, train_test_split,
                                              validation_split)
-    from rpwjax.errors import InputError
+    from rpwjax.errors import InputError, check_integer
     from rpwjax.experiments.sweeps import PAPER_EPSILONS, SweepConfig
 
     if (args.dataset is None) == (args.data is None):
@@ -471,8 +471,7 @@ def cmd_curves(args) -> int:
     if args.validation_seed is not None:  # checked before any data is read
         if not args.validation:
             raise InputError("--validation-seed does nothing without --validation")
-        if not 0 <= args.validation_seed < 2**63:
-            raise InputError(f"--validation-seed must be an integer in [0, 2**63), got {args.validation_seed}")
+        check_integer(args.validation_seed, "--validation-seed", 0, 2**63 - 1)
     if args.data is not None:
         if args.label_column is None or args.range is None:
             raise InputError("--data needs --label-column COL and --range LO HI (the range is public input)")
@@ -567,10 +566,10 @@ def cmd_bench(args) -> int:
     from rpwjax import io
     from rpwjax.bench.plans import FAMILIES, PLANS
     from rpwjax.bench.report import run_plan, summary
-    from rpwjax.errors import InputError
+    from rpwjax.errors import InputError, check_integer
 
-    if args.repeats is not None and args.repeats < 1:
-        raise InputError(f"--repeats must be a positive integer, got --repeats={args.repeats}")
+    if args.repeats is not None:
+        check_integer(args.repeats, "--repeats")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {str(out)!r} is a file: give a directory")

@@ -9,6 +9,8 @@ jit-compiled kernels never see bad input.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 
@@ -55,6 +57,21 @@ def check_positive(value, name: str) -> float:
     if not np.isfinite(v) or v <= 0:
         raise InputError(f"{name} must be positive and finite, got {name}={v!r}")
     return v
+
+
+def check_integer(value, name: str, minimum: int = 1, maximum: int | None = None, *, flag: str | None = None) -> int:
+    """``value`` as an int: an integer (a Python or NumPy integer, or a float with no fractional part; never a
+    bool or a string) from ``minimum`` to ``maximum`` (inclusive; no upper bound when None). Anything else is an
+    :class:`InputError` naming ``name`` (and the command-line ``flag`` that sets it), the bounds and the value."""
+    whole = None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        whole = int(value)
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
+        whole = int(value)  # 3.0 (NaN and ±inf are not integers)
+    if whole is None or whole < minimum or (maximum is not None and whole > maximum):
+        bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise InputError(f"{name}{f' ({flag})' if flag else ''} must be an integer {bounds}, got {name}={value!r}")
+    return whole
 
 
 def check_range(lo, hi) -> tuple[float, float]:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rpwjax import noise, pytree
-from rpwjax.errors import InputError, check_choice, check_epsilon, check_labels, check_range
+from rpwjax.errors import InputError, check_choice, check_epsilon, check_integer, check_labels, check_range
 from rpwjax.keys import check_secret, epsilon_index
 
 
@@ -238,10 +238,8 @@ def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, secret, clip:
     """
     lo, hi = check_range(lo, hi)
     eps1 = check_epsilon(epsilon_prior, "epsilon_prior")
-    if isinstance(bins, bool) or int(bins) != bins or bins < 1:
-        raise InputError(f"bins must be a positive integer, got bins={bins!r}")
+    bins = check_integer(bins, "bins")
     check_choice(projection, "projection", PROJECTIONS)
-    bins = int(bins)
     check_secret(secret)
     y = check_labels(labels, lo, hi, clip=clip)
     edges = np.linspace(lo, hi, bins + 1)

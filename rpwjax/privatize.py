@@ -31,7 +31,7 @@ from rpwjax import certify, io, ledger
 from rpwjax.api import load_params, prior_from_record
 from rpwjax.audit.verify import PUBLIC_PRIOR_KINDS, verified_release
 from rpwjax.mechanisms.base import Mechanism
-from rpwjax.errors import InputError, check_label_rows
+from rpwjax.errors import InputError, check_integer, check_label_rows
 from rpwjax.keys import (Secret, canonical_json, check_release_id, check_secret, default_release_id, key_fingerprint,
                          secret_record)
 from rpwjax.release_path import release, sidecar_fields
@@ -154,18 +154,12 @@ def output_fields(params: Mechanism, postprocess_range=None) -> dict:
 
 def check_chunk_rows(chunk_rows) -> int:
     """``chunk_rows`` as an int in [1, :data:`rpwjax.io.MAX_CHUNK_ROWS`]."""
-    if isinstance(chunk_rows, bool) or not isinstance(chunk_rows, (int, np.integer)) \
-            or not 1 <= chunk_rows <= io.MAX_CHUNK_ROWS:
-        raise InputError(f"chunk_rows (--chunk-rows) must be an integer in [1, {io.MAX_CHUNK_ROWS}], "
-                         f"got chunk_rows={chunk_rows!r}")
-    return int(chunk_rows)
+    return check_integer(chunk_rows, "chunk_rows", 1, io.MAX_CHUNK_ROWS, flag="--chunk-rows")
 
 
 def check_row_offset(row_offset, rows: int = 0) -> int:
     """``row_offset`` as an int with every global row index ``row_offset + i`` (i < rows) below 2^63."""
-    if isinstance(row_offset, bool) or not isinstance(row_offset, (int, np.integer)) \
-            or not 0 <= row_offset < io.MAX_GLOBAL_ROWS:
-        raise InputError(f"row_offset (--row-offset) must be an integer in [0, 2^63), got row_offset={row_offset!r}")
+    row_offset = check_integer(row_offset, "row_offset", 0, io.MAX_GLOBAL_ROWS - 1, flag="--row-offset")
     if int(row_offset) + rows > io.MAX_GLOBAL_ROWS:
         raise InputError(f"row_offset (--row-offset) {int(row_offset)} plus {rows} rows passes the last global row "
                          f"index 2^63 - 1: row indices never wrap, so give a smaller offset")

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from rpwjax.errors import InputError
+from rpwjax.errors import InputError, check_integer
 
 __all__ = [
     "TrainConfig",
@@ -162,12 +162,6 @@ def _check_features(x, name):
     return x
 
 
-def _check_count(value, name):
-    if isinstance(value, bool) or int(value) != value or value < 1:
-        raise InputError(f"{name} must be a positive integer, got {name}={value!r}")
-    return int(value)
-
-
 def train_many(
     x_train,
     y_train,
@@ -212,13 +206,13 @@ def train_many(
         raise InputError(f"y_train must have shape ({n},) or ({m}, {n}) for {m} seeds and {n} rows, got {y.shape}")
     if not np.isfinite(y).all():
         raise InputError("y_train must be finite, got a non-finite target")
-    epochs = _check_count(epochs, "epochs")
+    epochs = check_integer(epochs, "epochs")
     config = TrainConfig(
-        hidden=tuple(_check_count(h, "hidden size") for h in hidden),
+        hidden=tuple(check_integer(h, "hidden size") for h in hidden),
         learning_rate=float(learning_rate),
         weight_decay=float(weight_decay),
-        halve_every=_check_count(halve_every, "halve_every"),
-        batch_size=_check_count(batch_size, "batch_size"),
+        halve_every=check_integer(halve_every, "halve_every"),
+        batch_size=check_integer(batch_size, "batch_size"),
     )
     x_dev, y_dev = jnp.asarray(x, _DTYPE), jnp.asarray(y, _DTYPE)
     init_keys, shuffle_keys = _model_keys(seeds)

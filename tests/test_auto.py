@@ -725,7 +725,7 @@ def test_curves_on_a_users_file_reports_auto_next_to_the_baselines(tmp_path, rng
     other = {r["mechanism"]: r["test_mse"] for r in read_rows(tmp_path / "val11" / "results.csv")}
     assert set(other) == {"auto-unbiased", "unbiased", "non-private"} and other["unbiased"] != val["unbiased"]
     for extra, why in ((["--validation-seed", "3"], "does nothing without --validation"),
-                       (["--validation", "--validation-seed", "-1"], "must be an integer in [0, 2**63), got -1")):
+                       (["--validation", "--validation-seed", "-1"], "--validation-seed must be an integer from 0 to 9223372036854775807, got --validation-seed=-1")):
         rc = cli.main(["curves", "--data", str(path), "--label-column", "target", "--range", "0", "5",
                        "--mechanisms", "unbiased", "--epsilon", "1", "--out", str(tmp_path / "refused"), *extra])
         assert rc == 2 and why in capsys.readouterr().err

@@ -111,17 +111,17 @@ PRIVATIZE_CASES = [
     ("empty file", b"", None, 2, ["is empty"]),
     ("label column missing", b"id,x\n1,2\n", None, 2, ["label column 'y' not found", "['id', 'x']"]),
     ("row offset 2^64", b"id,y\n1,0.5\n", ["--row-offset", str(2**64)], 2,
-     ["must be an integer in [0, 2^63)", str(2**64)]),
-    ("negative row offset", b"id,y\n1,0.5\n", ["--row-offset", "-1"], 2, ["[0, 2^63)", "row_offset=-1"]),
+     ["row_offset (--row-offset) must be an integer from 0 to 9223372036854775807", f"row_offset={2**64}"]),
+    ("negative row offset", b"id,y\n1,0.5\n", ["--row-offset", "-1"], 2, ["row_offset (--row-offset) must be an integer from 0 to 9223372036854775807", "row_offset=-1"]),
     ("row offset + rows pass 2^63", b"id,y\n1,0.5\n2,0.5\n3,0.5\n", ["--row-offset", str(2**63 - 2)], 2,
      [f"{2**63 - 2} plus the rows", "passes the last global row index 2^63 - 1 at data row 3 (line 4)"]),
-    ("chunk rows 0", b"id,y\n1,0.5\n", ["--chunk-rows", "0"], 2, ["[1, 4194304]", "chunk_rows=0"]),
-    ("chunk rows too many", b"id,y\n1,0.5\n", ["--chunk-rows", str(2**22 + 1)], 2, ["[1, 4194304]", str(2**22 + 1)]),
+    ("chunk rows 0", b"id,y\n1,0.5\n", ["--chunk-rows", "0"], 2, ["chunk_rows (--chunk-rows) must be an integer from 1 to 4194304", "chunk_rows=0"]),
+    ("chunk rows too many", b"id,y\n1,0.5\n", ["--chunk-rows", str(2**22 + 1)], 2, ["from 1 to 4194304", str(2**22 + 1)]),
     ("not an integer", b"id,y\n1,0.5\n", ["--chunk-rows", "ten"], 2,
      ["argument --chunk-rows: invalid int value: 'ten'"]),
     ("bins too many", b"id,y\n1,0.5\n", INLINE + ["--bins", "10000000"], 2,
-     ["--bins must be an integer from 1 to 1024, got 10000000"]),
-    ("bins 0", b"id,y\n1,0.5\n", INLINE + ["--bins", "0"], 2, ["from 1 to 1024, got 0"]),
+     ["--bins must be an integer from 1 to 1024, got --bins=10000000"]),
+    ("bins 0", b"id,y\n1,0.5\n", INLINE + ["--bins", "0"], 2, ["from 1 to 1024, got --bins=0"]),
     ("--prior-epsilon under an empirical prior", b"id,y\n1,0.5\n",
      INLINE + ["--prior", "empirical", "--prior-is-public", "--prior-epsilon", "0.1"], 2,
      ["--prior-epsilon 0.1 does nothing under --prior empirical"]),
@@ -894,3 +894,20 @@ def test_a_text_feature_on_purpose_must_hold_numbers(shared, tmp_path, capsys):
                         "--epsilon", "1", "--features", "code", "--quiet"], capsys)
     assert code == 2 and "--features code: column 'code' is not numeric: it holds 'A1'" in err, err
     assert listing(tmp_path) == ["t.csv"]
+
+
+@pytest.mark.parametrize("value, minimum, maximum, expected", [
+    (5, 1, None, 5), (np.int64(5), 1, None, 5), (5.0, 1, None, 5), (2**70, 0, None, 2**70), (0, 0, 3, 0),
+    (3, 0, 3, 3), (True, 0, None, None), ("3", 1, None, None), (3.5, 1, None, None), (float("nan"), 1, None, None),
+    (float("inf"), 1, None, None), (0, 1, None, None), (4, 0, 3, None), (None, 1, None, None), ([3], 1, None, None)])
+def test_one_integer_check_names_the_option_bounds_and_value(value, minimum, maximum, expected):
+    from rpwjax.errors import check_integer
+
+    if expected is not None:
+        assert check_integer(value, "n", minimum, maximum) == expected
+        assert type(check_integer(value, "n", minimum, maximum)) is int
+        return
+    bounds = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+    with pytest.raises(InputError) as err:
+        check_integer(value, "n", minimum, maximum)
+    assert str(err.value) == f"n must be an integer {bounds}, got n={value!r}"

@@ -104,7 +104,7 @@ from scipy import stats
 from rpwjax import api
 from rpwjax import certify, realized
 from rpwjax.mechanisms.base import Mechanism
-from rpwjax.errors import InputError, check_choice, check_epsilon
+from rpwjax.errors import InputError, check_choice, check_epsilon, check_integer
 from rpwjax.keys import Secret
 from rpwjax.release_path import release, sidecar_fields
 
@@ -587,11 +587,6 @@ def _empirical(params, exact, labels, samples, seed, bins, confidence):
 # --------------------------------------------------------------------------- public API
 
 
-def _check_count(value, name: str, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise InputError(f"{name} must be an integer >= {minimum}, got {name}={value!r}")
-    return int(value)
-
 
 def audit_mechanism(
     params: Mechanism,
@@ -624,15 +619,15 @@ def audit_mechanism(
         raise InputError(f"params must be a fitted rpwjax mechanism, got params of type {type(params).__name__}")
     if params.batch_shape != ():
         raise InputError(f"audit needs parameters for one epsilon, got batch shape {params.batch_shape}")
-    samples = _check_count(samples, "samples")
-    seed = _check_count(seed, "seed", 0)
-    grid_size = _check_count(grid_size, "grid_size", 3)
-    label_grid_size = _check_count(label_grid_size, "label_grid_size", 2)
-    bins = _check_count(bins, "bins")
+    samples = check_integer(samples, "samples")
+    seed = check_integer(seed, "seed", 0)
+    grid_size = check_integer(grid_size, "grid_size", 3)
+    label_grid_size = check_integer(label_grid_size, "label_grid_size", 2)
+    bins = check_integer(bins, "bins")
     if not 0 < confidence < 1:
         raise InputError(f"confidence must be in (0, 1), got confidence={confidence!r}")
-    audit_seed = new_audit_seed() if audit_seed is None else _check_count(audit_seed, "audit_seed", 0)
-    fresh_labels = _check_count(fresh_labels, "fresh_labels", 0)
+    audit_seed = new_audit_seed() if audit_seed is None else check_integer(audit_seed, "audit_seed", 0)
+    fresh_labels = check_integer(fresh_labels, "fresh_labels", 0)
     eps, delta, pure = _claimed(params)
     check_epsilon(eps)
     with jax.enable_x64(True), certify.suspended():  # the audit measures the release, it does not refuse it
@@ -740,9 +735,9 @@ def audit(
     by mechanism, then ε. ``audit_seed`` (default: one from OS entropy) seeds every report's fresh labels.
     """
     eps = np.atleast_1d(check_epsilon(epsilon))
-    samples = _check_count(samples, "samples")
-    seed = _check_count(seed, "seed", 0)
-    audit_seed = new_audit_seed() if audit_seed is None else _check_count(audit_seed, "audit_seed", 0)
+    samples = check_integer(samples, "samples")
+    seed = check_integer(seed, "seed", 0)
+    audit_seed = new_audit_seed() if audit_seed is None else check_integer(audit_seed, "audit_seed", 0)
     return [
         audit_mechanism(fit_example(n, float(e)), samples=samples, seed=seed, name=n, audit_seed=audit_seed, **options)
         for n in _names(names) for e in eps
@@ -762,9 +757,9 @@ def run_audit(mechanisms=None, epsilons=None, *, samples: int = DEFAULT_SAMPLES,
     raise :class:`~rpwjax.errors.InputError`.
     """
     eps = np.atleast_1d(check_epsilon(epsilons if epsilons is not None else [DEFAULT_EPSILON]))
-    samples = _check_count(samples, "samples")
-    seed = _check_count(seed, "seed", 0)
-    audit_seed = new_audit_seed() if audit_seed is None else _check_count(audit_seed, "audit_seed", 0)
+    samples = check_integer(samples, "samples")
+    seed = check_integer(seed, "seed", 0)
+    audit_seed = new_audit_seed() if audit_seed is None else check_integer(audit_seed, "audit_seed", 0)
     names = _names(mechanisms if mechanisms is not None else "all")
     keys = realized.key_space_check()
     reports, broken = [], []

@@ -86,7 +86,7 @@ from rpwjax import certify, io, realized
 from rpwjax.api import (FORMAT_VERSION, REFIT_ABSOLUTE, REFIT_TOLERANCE, load_params, one_record, prior_from_record,
                         refit_record)
 from rpwjax.audit import checks
-from rpwjax.errors import InputError, show_value
+from rpwjax.errors import InputError, check_integer, show_value
 from rpwjax.mechanisms import entry
 from rpwjax.mechanisms.additive import gaussian_delta
 
@@ -648,9 +648,9 @@ def audit_params_file(path, *, samples: int = checks.DEFAULT_SAMPLES, seed: int 
     ``{"report", "record", "broken", "keys", "pass", "audit_seed"}`` (``report`` is None when the parameters do
     not parse).
     """
-    samples = checks._check_count(samples, "samples")
-    seed = checks._check_count(seed, "seed", 0)
-    audit_seed = checks.new_audit_seed() if audit_seed is None else checks._check_count(audit_seed, "audit_seed", 0)
+    samples = check_integer(samples, "samples")
+    seed = check_integer(seed, "seed", 0)
+    audit_seed = checks.new_audit_seed() if audit_seed is None else check_integer(audit_seed, "audit_seed", 0)
     params, record = check_record(checks.fit_record(io.read_json(path)))
     keys = realized.key_space_check()
     report, broken = None, []

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from rpwjax import api
 from rpwjax.experiments.datasets import Split
-from rpwjax.errors import InputError, check_epsilon
+from rpwjax.errors import InputError, check_epsilon, check_integer
 from rpwjax.io import atomic_path
 from rpwjax.keys import Secret
 from rpwjax.pipelines import PIPELINES
@@ -75,11 +75,8 @@ class SweepConfig:
                 raise InputError(f"mechanism must be one of {', '.join(api.MECHANISMS)}, got mechanism={m!r}")
         check_epsilon(np.asarray(self.epsilons, np.float64))
         for name in ("seeds", "epochs", "max_models", "bins"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or int(v) != v or v < 1:
-                raise InputError(f"{name} must be a positive integer, got {name}={v!r}")
-        if isinstance(self.first_seed, bool) or int(self.first_seed) != self.first_seed or self.first_seed < 0:
-            raise InputError(f"first_seed must be a non-negative integer, got first_seed={self.first_seed!r}")
+            check_integer(getattr(self, name), name)
+        check_integer(self.first_seed, "first_seed", 0)
         for v in self.variants:
             if v not in VARIANTS:
                 raise InputError(f"variant must be one of {', '.join(VARIANTS)}, got variant={v!r}")

@@ -133,7 +133,7 @@ import scipy.sparse as sparse
 from scipy.optimize import linprog
 
 from rpwjax.mechanisms.base import Mechanism, params_dataclass
-from rpwjax.errors import InputError, check_epsilon, check_positive
+from rpwjax.errors import InputError, check_epsilon, check_integer, check_positive
 from rpwjax.priors import Prior, cut_pieces
 
 DEFAULT_GRID_SIZE = 1025
@@ -693,13 +693,10 @@ def fit_unbiased(
     if not isinstance(prior, Prior):
         raise InputError(f"prior must be an rpwjax Prior, got prior of type {type(prior).__name__}")
     eps = check_epsilon(epsilon)
-    if isinstance(grid_size, bool) or int(grid_size) != grid_size or grid_size < 9:
-        raise InputError(f"grid_size must be an integer of at least 9, got grid_size={grid_size!r}")
-    grid_size = int(grid_size)
+    grid_size = check_integer(grid_size, "grid_size", 9)
     if extension is not None:
         extension = check_positive(extension, "extension")
-    if isinstance(max_support, bool) or int(max_support) != max_support or max_support < 2:
-        raise InputError(f"max_support must be an integer of at least 2, got max_support={max_support!r}")
+    max_support = check_integer(max_support, "max_support", 2)
     scalar = eps.ndim == 0
     eps_grid = np.atleast_1d(eps)
     support, collapsed = _support_of(prior, int(max_support))

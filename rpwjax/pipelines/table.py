@@ -23,7 +23,7 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from rpwjax import io
-from rpwjax.errors import InputError, check_epsilon, check_range
+from rpwjax.errors import InputError, check_epsilon, check_integer, check_range
 from rpwjax.keys import Secret, secret_record
 from rpwjax.pipelines import pipeline as lookup
 from rpwjax.privatize import bind_release
@@ -127,8 +127,7 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
         raise InputError(f"--epochs {epochs} does nothing for --pipeline {pipeline} (it trains no stage "
                          "model; the two-stage pipelines do)")
     epochs = DEFAULT_EPOCHS if epochs is None else epochs
-    if isinstance(epochs, bool) or int(epochs) != epochs or epochs < 1:
-        raise InputError(f"epochs must be a positive integer, got epochs={epochs!r}")
+    epochs = check_integer(epochs, "epochs")
     source = io.TableSource(input_path, label_column, encoding=encoding)
     steps = _Steps(4, progress)
     # every label checked first, so that errors name the data row and line

@@ -52,7 +52,7 @@ import dataclasses
 
 import numpy as np
 
-from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
+from rpwjax.errors import InputError, check_epsilon, check_integer, check_labels, check_range
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import entry
 from rpwjax.mechanisms.rpwithprior import choose_zeta, fit_rpwithprior_per_row
@@ -99,9 +99,7 @@ class TwoStageConfig:
         if not 0 < self.prior_fraction < 1:
             raise InputError(f"prior_fraction must be in (0, 1), got prior_fraction={self.prior_fraction!r}")
         for name in ("bins", "residual_bins"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or int(v) != v or v < 2:
-                raise InputError(f"{name} must be an integer >= 2, got {name}={v!r}")
+            check_integer(getattr(self, name), name, 2)
         return self
 
 
