@@ -221,14 +221,9 @@ def _log_density_table(params: Mechanism):
 
 
 def label_grid(params: Mechanism, size: int = DEFAULT_LABEL_GRID_SIZE) -> np.ndarray:
-    """``size`` equally spaced labels on [lo, hi], plus each label breakpoint and its float neighbours."""
-    lo, hi = float(params.lo), float(params.hi)
-    points = [np.linspace(lo, hi, size)]
-    for b in params.breakpoints():
-        b = np.asarray(b, np.float64).ravel()
-        points += [b, np.nextafter(b, -np.inf), np.nextafter(b, np.inf)]
-    grid = np.unique(np.concatenate(points))
-    return grid[(grid >= lo) & (grid <= hi)]
+    """``size`` equally spaced labels on [lo, hi], plus each label breakpoint and its float neighbours (the
+    realized check's fixed labels, :func:`rpwjax.realized.audit_labels`, at another grid size)."""
+    return realized.audit_labels(params, size)
 
 
 def _change(l1, l2, xp=jnp):
