@@ -1,75 +1,65 @@
-"""Core benchmark cases on whatever backend JAX runs on (a GPU when it sees one).
+"""The release path and the vmapped fits on whatever backend JAX runs on (a GPU when it sees one).
 
 Called by ``benchmarks/device_run.sh``; never needed by the tests or CI.
-Measures, with the timing loop and case definitions of :mod:`rpwjax.bench`:
+Runs the ``device`` plan of :mod:`rpwjax.bench.plans` with the same timing
+loop, cases and ``results.json`` schema as ``rpwjax bench``:
 
-* sampling: ``jax.random.uniform`` (the floor) and RPWithPrior's sampler on
-  n float32 labels, n up to 1e8;
-* the exact interval search (fixed ζ) on 1.3e6-label empirical priors, one ε,
-  and vmapped over 10 ε.
+* the fits first (cheap): the exact interval search on a 1.3e6-label
+  empirical prior at one ε and vmapped over 1, 10 and 30 ε, and RR-on-Bins
+  on 401 support points;
+* then, against ``jax.random.uniform`` of as many float64 values on the
+  device: each mechanism's release computation on labels already on the
+  device (``kernel/*``: block keys, inverse CDF, grid, clamp) at n = 1e7 and
+  1e9, and the whole release with its host round trip (``release/*``:
+  float64 labels from host memory, host array out) at n = 1e7.
 
-Writes ``$OUT/device_results.json`` (labels per second per case, the backend
-and devices) after every group, so a run cut short still leaves its results;
-groups that would start after ``--budget`` seconds are listed as skipped.
+``results.json`` is rewritten after every group, so a run cut short keeps
+what it measured; a group that would start after ``--budget`` seconds is
+listed under ``skipped``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
-import time
 from pathlib import Path
+
+from rpwjax.bench import cases, plans, report
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "device-out"))
     parser.add_argument("--budget", type=float, default=360.0, help="seconds; no group starts after this")
-    parser.add_argument("--max-n", type=int, default=10**8)
+    parser.add_argument("--sizes", default=None, help="release sizes, comma-separated (default the plan's: 1e7, 1e9)")
+    parser.add_argument("--release-max-n", type=float, default=None,
+                        help="largest size that also times the whole release with its host round trip (default 1e8)")
+    parser.add_argument("--search-labels", type=int, default=None, help="prior size of the fits (default the plan's)")
+    parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
-    started = time.perf_counter()
 
-    from rpwjax.bench import cases, plans, report, timing
-
+    plan = plans.PLANS["device"]
+    if args.sizes:
+        sizes = tuple(int(float(n)) for n in args.sizes.split(","))
+        plan = dataclasses.replace(plan, sampling_n=sizes, kernel_n=sizes)
+    if args.release_max_n is not None:
+        plan = dataclasses.replace(plan, release_max_n=int(args.release_max_n))
+    if args.search_labels is not None:
+        plan = dataclasses.replace(plan, search_labels=(args.search_labels,), epsilon_grid_prior=args.search_labels)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    sizes = tuple(n for n in (10**6, 10**7, 10**8) if n <= args.max_n)
-    plan = dataclasses.replace(
-        plans.PLANS["full"], name="device", sampling_n=sizes, search_labels=(1_300_000,), search_bins=(),
-        epsilon_grid_sizes=(10,), epsilon_grid_prior=1_300_000, fit_support={}, privatize_rows=(), table_rows=(),
-        repeats=10, min_sample_s=0.05,
-    )
-    groups = cases.build_groups(plan, out / "cache", families=("sampling", "search-labels", "search-epsilons"))
-    for g in groups:
-        if g.family == "sampling":
-            g.members = [m for m in g.members if m.name in ("uniform-floor", "release/rpwithprior")]
-    results = {"machine": report.machine_info(), "plan": dataclasses.asdict(plan), "cases": [], "skipped": []}
-    path = out / "device_results.json"
-    for g in groups:
-        elapsed = time.perf_counter() - started
-        if elapsed > args.budget:
-            results["skipped"].append(f"{g.family} size={g.size}: time budget ({elapsed:.0f} s > {args.budget:.0f} s)")
-            continue
-        print(f"[device_bench] {g.family} size={g.size} at {elapsed:.0f} s", flush=True)
-        records = timing.time_group(g, plan)
-        for r in records:
-            if r["median_s"] and r["family"] == "search-labels":
-                r["labels_per_s"] = r["size"] / r["median_s"]
-            if r["median_s"] and r["family"] == "search-epsilons":
-                r["labels_per_s"] = r["meta"]["prior_labels"] * r["size"] / r["median_s"]
-            print(f"  {r['name']}: median {r['median_s']} s, ratio {r['ratio']}, "
-                  f"labels/s {r.get('labels_per_s')}, error {r.get('error')}", flush=True)
-        results["cases"].extend(records)
-        cases.clear_caches()
-        results["elapsed_s"] = time.perf_counter() - started
-        path.write_text(json.dumps(results, indent=2) + "\n")
-    results["elapsed_s"] = time.perf_counter() - started
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"[device_bench] wrote {path}")
-    return 1 if any("error" in r for r in results["cases"]) else 0
+    groups = cases.build_groups(plan, out / "cache")
+    # the fits first, then the releases by growing n: a run cut short loses only the largest
+    groups = [g for g in groups if g.family != "sampling"] + [g for g in groups if g.family == "sampling"]
+    results = report.run_plan(plan, out, cache_dir=out / "cache", groups=groups, budget_s=args.budget,
+                              plots=not args.no_plots, progress=False)
+    print(report.summary(results))
+    for c in results["cases"]:
+        print(f"  {c['family']:16s} {c['name']:22s} n={c['size']:>11,d}  median {c['median_s']} s  "
+              f"ratio {c['ratio']}  labels/s {c.get('labels_per_s')}  {c.get('error', '')}", flush=True)
+    print(f"[device_bench] wrote {out / 'results.json'}")
+    return 1 if results["errors"] else 0
 
 
 if __name__ == "__main__":

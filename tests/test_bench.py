@@ -183,3 +183,46 @@ def test_privatize_table_input_is_cached_and_labels_depend_on_features(tmp_path)
     assert np.corrcoef(x @ cases.TABLE_WEIGHTS, y)[0, 1] > 0.7  # the labels follow the public formula
     again = pq.read_table(cases.table_file(3000, tmp_path / "other"))
     assert again.equals(table)  # fixed seeds: the same table wherever it is generated
+
+
+def test_device_plan_times_kernels_and_cuts_host_releases_above_its_size(tmp_path):
+    plan = plans.PLANS["device"]
+    groups = {g.size: {m.name for m in g.members} for g in cases.build_groups(plan, tmp_path, families=("sampling",))}
+    assert set(groups) == set(plan.sampling_n)
+    for n, names in groups.items():
+        kernels = {f"kernel/{name}" for name in MECHANISMS}
+        releases = {f"release/{name}" for name in MECHANISMS}
+        assert "uniform-floor" in names
+        assert (kernels <= names) == (n in plan.kernel_n)
+        assert (releases <= names) == (n <= plan.release_max_n)
+        assert not (releases & names) or n <= plan.release_max_n
+
+
+def test_kernel_case_computes_what_the_release_computes():
+    # the kernel member times the release's device computation: same labels, parameters and stream
+    import jax
+    from rpwjax.keys import Secret, bound
+    from rpwjax.release_path import release
+
+    n = 5000  # not a whole number of blocks: the padding is computed and dropped
+    secret = bound(Secret.from_seed(3))
+    for mechanism in ("laplace", "rr-on-bins"):
+        with jax.enable_x64(True):
+            kernel = np.asarray(cases.kernel_thunk(mechanism, n, secret)()).reshape(-1)[:n]
+        released = release(cases._sampler_params(mechanism), secret, cases.sampling_labels(n))
+        np.testing.assert_array_equal(kernel, released)
+    cases.clear_caches()
+
+
+def test_results_are_written_after_every_group_and_a_spent_budget_skips_the_rest(tmp_path):
+    from rpwjax.bench import report
+    import dataclasses
+    plan = dataclasses.replace(plans.PLANS["tiny"], sampling_n=(500,))
+    groups = cases.build_groups(plan, tmp_path / "cache", families=("sampling", "search-labels"))
+    results = report.run_plan(plan, tmp_path, cache_dir=tmp_path / "cache", groups=groups, budget_s=0.0,
+                              plots=False, progress=False)
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert on_disk["complete"] is True and results["complete"] is True
+    # a budget spent before the first group: every group is listed, none is timed, and the file says so
+    assert results["cases"] == [] and on_disk["cases"] == []
+    assert len([s for s in results["skipped"] if "time budget" in s]) == len(groups)

@@ -24,7 +24,11 @@ from rpwjax.mechanisms.rpwithprior import fit_rpwithprior
 from rpwjax.pipelines.table import privatize_table
 from rpwjax.priors import empirical_prior, histogram_prior
 from rpwjax.privatize import privatize_file
+from rpwjax import release_path
+from rpwjax.keys import bound
 from rpwjax.release_path import release
+from rpwjax.sampling import params_digest, spec
+from rpwjax.stream import BLOCK_ROWS, block_counters
 
 # --------------------------------------------------------------------------- cases
 
@@ -103,7 +107,8 @@ def support_prior(k: int):
 
 def clear_caches(everything: bool = True):
     """Drop cached inputs (between groups: the large ones; the fitted sampler parameters are small)."""
-    for fn in (continuous_labels, criteo_labels, empirical, histogram, support_prior, sampling_labels):
+    for fn in (continuous_labels, criteo_labels, empirical, histogram, support_prior, sampling_labels,
+               _device_blocks):
         fn.cache_clear()
     if everything:
         _sampler_params.cache_clear()
@@ -135,6 +140,35 @@ def sampler_thunk(mechanism: str, n: int):
     y = sampling_labels(n)
     secret = Secret.from_seed(1)
     return lambda: release(params, secret, y)
+
+
+@functools.lru_cache(maxsize=1)
+def _device_blocks(n: int, fill: float):
+    """The Criteo-shaped labels in release blocks, already on the device (shared by the kernel members)."""
+    num_blocks = -(-int(n) // BLOCK_ROWS)
+    with jax.enable_x64(True):
+        blocks = jax.device_put(release_path._blocks(sampling_labels(n), 0, num_blocks, fill))
+        counters = jax.device_put(block_counters(0, num_blocks))
+    return blocks, counters
+
+
+def kernel_thunk(mechanism: str, n: int, secret: Secret | None = None):
+    """Timed call: the release's device computation alone (block keys, inverse CDF, grid, clamp) on labels
+    already on the device, output left there: what the release costs without the host round trip.
+
+    With the same ``secret`` (bound to a release) its first n values are the release's, bit for bit.
+    """
+    params = _sampler_params(mechanism)
+    s = spec(params)
+    secret = bound(secret if secret is not None else Secret.from_seed(1))
+    key = secret.stream_key("labels/" + params.name + "/" + params_digest(params))  # the release's own stream
+    blocks, counters = _device_blocks(n, float(params.lo))
+
+    def call():
+        with jax.enable_x64(True):
+            return release_path._release_blocks(params, s["low"], s["high"], key, counters, blocks,
+                                                grid=s["grid"], per_row=False).block_until_ready()
+    return call
 
 
 def uniform_thunk(n: int):
@@ -452,10 +486,17 @@ def build_groups(plan: Plan, cache_dir, families=None) -> list[Group]:
     for n in plan.sampling_n:
         members = [Member("sampling", "uniform-floor", n, "labels", functools.partial(uniform_thunk, n))]
         for name in mechanism_names():
-            members.append(
-                Member("sampling", f"release/{name}", n, "labels", functools.partial(sampler_thunk, name, n),
-                       baseline="uniform-floor", meta={"mechanism": name, "dtype": "float64"})
-            )
+            if plan.release_max_n is None or n <= plan.release_max_n:
+                members.append(
+                    Member("sampling", f"release/{name}", n, "labels", functools.partial(sampler_thunk, name, n),
+                           baseline="uniform-floor", meta={"mechanism": name, "dtype": "float64"})
+                )
+            if n in plan.kernel_n:
+                members.append(
+                    Member("sampling", f"kernel/{name}", n, "labels", functools.partial(kernel_thunk, name, n),
+                           baseline="uniform-floor",
+                           meta={"mechanism": name, "dtype": "float64", "labels": "on the device, no round trip"})
+                )
         add("sampling", n, members)
 
     for n in plan.search_labels:

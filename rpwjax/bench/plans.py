@@ -37,6 +37,8 @@ class Plan:
     slow_repeats: int  # for members whose single call takes seconds (reference, privatize)
     min_sample_s: float
     max_member_s: float  # repeats are cut (to no fewer than 3) when a case would take longer
+    kernel_n: tuple[int, ...] = ()  # sampling sizes that also time each release's device computation alone
+    release_max_n: int | None = None  # sampling sizes above this time the device computation only
 
 
 PLANS = {
@@ -73,6 +75,27 @@ PLANS = {
         slow_repeats=2,
         min_sample_s=0.01,
         max_member_s=10.0,
+    ),
+    # a GPU machine (benchmarks/device_run.sh): the release path of every mechanism up to 1e9 labels and
+    # the vmapped fits; no file pipelines (their cost is the host's disk and CPU, measured in the CPU run)
+    "device": Plan(
+        name="device",
+        sampling_n=(10**7, 10**9),
+        search_labels=(1_300_000,),
+        search_bins=(),
+        reference_max_bins=0,
+        epsilon_grid_sizes=(1, 10, 30),
+        epsilon_grid_prior=1_300_000,
+        fit_support={"rr-on-bins": (401,)},
+        privatize_rows=(),
+        table_rows=(),
+        peers_n=(),
+        repeats=5,
+        slow_repeats=3,
+        min_sample_s=0.05,
+        max_member_s=12.0,
+        kernel_n=(10**7, 10**9),
+        release_max_n=10**8,
     ),
     # for the smoke test of the runner only: every family and mechanism, tiny sizes
     "tiny": Plan(

@@ -68,6 +68,7 @@ def machine_info() -> dict:
         "numpy": np.__version__,
         "backend": jax.default_backend(),
         "devices": [str(d) for d in jax.devices()],
+        "device_kind": jax.devices()[0].device_kind,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     info["pyarrow"] = pyarrow.__version__
@@ -133,26 +134,51 @@ def plot_results(cases: list[dict], out_dir) -> list[str]:
 
 
 def run_plan(plan: Plan, out_dir, *, cache_dir=None, families=None, repeats=None, plots=True,
-             progress: bool = True) -> dict:
-    """Run every case of ``plan``; write ``out_dir/results.json`` (+ plots); return the results."""
+             progress: bool = True, groups=None, budget_s: float | None = None) -> dict:
+    """Run every case of ``plan``; write ``out_dir/results.json`` (+ plots); return the results.
+
+    ``results.json`` is rewritten after every group (``"complete": false`` until
+    the last), so a run cut short keeps what it measured. ``groups`` replaces
+    the plan's group order; a group that would start after ``budget_s``
+    seconds is not run and is listed in ``skipped``.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    groups = build_groups(plan, cache_dir, families)
+    groups = build_groups(plan, cache_dir, families) if groups is None else groups
     started = time.perf_counter()
-    cases = []
+    cases, not_run = [], []
+    path = out_dir / "results.json"
     bar = tqdm(total=sum(len(g.members) for g in groups), unit="case", desc="bench", disable=not progress)
     with bar:
         for g in groups:
+            elapsed = time.perf_counter() - started
+            if budget_s is not None and elapsed > budget_s:
+                not_run.append(f"{g.family}:*:{g.size}: not started, time budget spent ({elapsed:.0f} s > {budget_s:.0f} s)")
+                bar.update(len(g.members))
+                continue
             bar.set_postfix_str(f"{g.family} size={g.size}")
             cases.extend(time_group(g, plan, repeats, bar))
             clear_caches(everything=False)
             if g.family in ("privatize", "privatize-table"):
                 cleanup_outputs(cache_dir)
+            _write(path, _results(plan, cases, not_run, started, repeats, cache_dir, complete=False))
     clear_caches()
-    results = {
+    results = _results(plan, cases, not_run, started, repeats, cache_dir, complete=True)
+    results["plots"] = plot_results(cases, out_dir) if plots else []
+    _write(path, results)
+    return results
+
+
+def _write(path: Path, results: dict):
+    path.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _results(plan: Plan, cases, not_run, started, repeats, cache_dir, *, complete: bool) -> dict:
+    return {
         "schema_version": SCHEMA_VERSION,
         "plan": plan.name,
+        "complete": complete,
         "machine": machine_info(),
         "elapsed_s": time.perf_counter() - started,
         "settings": {"repeats": repeats or plan.repeats, "slow_repeats": repeats or plan.slow_repeats,
@@ -162,11 +188,10 @@ def run_plan(plan: Plan, out_dir, *, cache_dir=None, families=None, repeats=None
         "cases": cases,
         "targets": evaluate_targets(cases),
         "errors": [f"{c['family']}:{c['name']}:{c['size']}: {c['error']}" for c in cases if "error" in c],
-        "skipped": [f"{c['family']}:{c['name']}:{c['size']}: {c['skipped']}" for c in cases if "skipped" in c],
+        "skipped": [f"{c['family']}:{c['name']}:{c['size']}: {c['skipped']}" for c in cases if "skipped" in c]
+        + list(not_run),
+        "plots": [],
     }
-    results["plots"] = plot_results(cases, out_dir) if plots else []
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
 
 
 SUMMARY_FAMILIES = ("privatize-table", "peers")  # families without a target whose ratios the summary prints
