@@ -4,7 +4,7 @@ Errors print one line on stderr naming the problem and the value: exit 2 for
 bad input (including a bad command line), 1 for I/O errors. ``SIGINT`` and
 ``SIGTERM`` stop a run at any moment with one line and exit 130 and 143
 (:mod:`rpwjax.interrupts`, installed before anything heavy is imported).
-Nothing half-written is left behind (:func:`rpwjax.io.atomic_outputs`).
+Nothing half-written is left behind (:func:`rpwjax.io.atomic.atomic_outputs`).
 Warnings are printed as one line each.
 """
 
@@ -211,7 +211,7 @@ def _fit(args, labels, epsilon, secret):
 
 
 def cmd_fit(args) -> int:
-    from rpwjax import io
+    from rpwjax.io import atomic as io_out, source as io_in
     from rpwjax.api import records_total
     from rpwjax.errors import InputError, check_range
     from rpwjax.ledger import ledger_path
@@ -226,13 +226,13 @@ def cmd_fit(args) -> int:
     if args.prior_is_public and args.prior != "empirical":
         raise InputError("--prior-is-public does nothing without --prior empirical")
     if args.save:  # before the labels are read
-        io.check_outputs([args.save], overwrite=args.overwrite,
+        io_out.check_outputs([args.save], overwrite=args.overwrite,
                          inputs=[args.labels, args.key_file, ledger_path(args.ledger, args.key_file)])
     elif args.overwrite:
         raise InputError("--overwrite does nothing without --save (fit writes no other file)")
     lo, hi = check_range(*args.range)
     run = _release_run(args, "fit", args.labels, args.label_column, _fit_settings(args), what="labels file")
-    labels = io.read_labels(args.labels, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
+    labels = io_in.read_labels(args.labels, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
     secret = run.secret
     result = _fit(args, labels, args.epsilon if len(args.epsilon) > 1 else args.epsilon[0], secret.child("fit"))
     records = result.records()
@@ -255,7 +255,7 @@ def cmd_fit(args) -> int:
             raise InputError(f"--save: these parameters cannot be released: {problems[0]}")
     run.finish(labels.size)
     if args.save:
-        io.write_json(args.save, records[0])
+        io_out.write_json(args.save, records[0])
     if args.json:  # JSON Lines, as every --json: one object per epsilon
         for r in records:
             print(json.dumps(r))
@@ -304,17 +304,17 @@ def cmd_keygen(args) -> int:
 
 
 def cmd_privatize(args) -> int:
-    from rpwjax import io
+    from rpwjax.io import atomic as io_out, source as io_in
     from rpwjax.errors import InputError, check_range
     from rpwjax.ledger import file_sha256, ledger_path
     from rpwjax.privatize import check_chunk_rows, check_row_offset, load_release_params, privatize_file
 
     check_chunk_rows(args.chunk_rows)
     check_row_offset(args.row_offset)
-    io.file_kind(args.input, what="input file")
-    io.file_kind(args.output, what="output file")
+    io_in.file_kind(args.input, what="input file")
+    io_in.file_kind(args.output, what="output file")
     # the output and its sidecar, before anything is read or fitted (the ledger too: it is appended, never replaced)
-    io.check_outputs([args.output, str(args.output) + ".json"], overwrite=args.overwrite,
+    io_out.check_outputs([args.output, str(args.output) + ".json"], overwrite=args.overwrite,
                      inputs=[args.input, args.params, args.key_file, ledger_path(args.ledger, args.key_file)])
     if args.range is not None:
         check_range(*args.range)  # before it joins the release's identity
@@ -354,9 +354,9 @@ def cmd_privatize(args) -> int:
             raise InputError("--prior-is-public does nothing without --prior empirical")
         lo, hi = check_range(*args.range)
         run.start(float(args.epsilon), mechanism=args.mechanism)  # delta (Gaussian) is the fit's, set below
-        source = io.TableSource(args.input, args.label_column, encoding=args.encoding)
-        with io.progress_bar(source, "read labels", enabled=not args.quiet) as bar:
-            labels = io.read_labels(args.input, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip),
+        source = io_in.TableSource(args.input, args.label_column, encoding=args.encoding)
+        with io_in.progress_bar(source, "read labels", enabled=not args.quiet) as bar:
+            labels = io_in.read_labels(args.input, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip),
                                     bar=bar)
         # the histogram noise (if any) and the release draw from independent keys derived from the secret
         result = _fit(args, labels, args.epsilon, secret.child("fit"))
@@ -411,13 +411,13 @@ def cmd_privatize(args) -> int:
 
 def _check_sweep_outputs(out_dir, overwrite):
     """A sweep writes DIR/results.csv and DIR/*_curves.png: refused over an earlier sweep's unless --overwrite."""
-    from rpwjax import io
+    from rpwjax.io import atomic as io_out, source as io_in
     from rpwjax.errors import InputError
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {str(out)!r} is a file: give a directory")
-    io.check_outputs([out / "results.csv", *sorted(out.glob("*_curves.png"))], overwrite=overwrite)
+    io_out.check_outputs([out / "results.csv", *sorted(out.glob("*_curves.png"))], overwrite=overwrite)
 
 
 DEBIAS_REFUSALS = {
@@ -511,12 +511,12 @@ def _pipeline_names() -> list[str]:
 
 
 def cmd_privatize_table(args) -> int:
-    from rpwjax import io
+    from rpwjax.io import atomic as io_out, source as io_in
     from rpwjax.errors import check_range
     from rpwjax.ledger import ledger_path
     from rpwjax.pipelines.table import privatize_table
 
-    io.check_outputs([args.output, str(args.output) + ".json"], overwrite=args.overwrite,
+    io_out.check_outputs([args.output, str(args.output) + ".json"], overwrite=args.overwrite,
                      inputs=[args.input, args.key_file, ledger_path(args.ledger, args.key_file)])
     check_range(*args.range)
     # the same identity privatize_table binds an unbound secret to, so that the Python call reproduces this release
@@ -563,7 +563,7 @@ def cmd_ledger(args) -> int:
 
 def cmd_bench(args) -> int:
     """Run the benchmarks; exit code 1 if any case failed (its error is in results.json)."""
-    from rpwjax import io
+    from rpwjax.io import atomic as io_out, source as io_in
     from rpwjax.bench.plans import FAMILIES, PLANS
     from rpwjax.bench.report import run_plan, summary
     from rpwjax.errors import InputError, check_integer
@@ -574,7 +574,7 @@ def cmd_bench(args) -> int:
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {str(out)!r} is a file: give a directory")
     plots = [] if args.no_plots else [out / f"{family}.png" for family in (args.only or FAMILIES)]
-    io.check_outputs([out / "results.json", *plots], overwrite=args.overwrite)
+    io_out.check_outputs([out / "results.json", *plots], overwrite=args.overwrite)
     plan = PLANS[args.plan or ("quick" if args.quick else "full")]
     results = run_plan(plan, args.out, cache_dir=args.cache, families=args.only, repeats=args.repeats,
                        plots=not args.no_plots, progress=not args.quiet)
@@ -651,7 +651,7 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rpwjax.io import MAX_CHUNK_ROWS
+    from rpwjax.io.source import MAX_CHUNK_ROWS
     from rpwjax.privatize import DEFAULT_CHUNK_ROWS
     from rpwjax.priors import DEFAULT_BINS
 

@@ -27,11 +27,15 @@ import json
 
 import numpy as np
 
-from rpwjax import certify, io, ledger
+from rpwjax import certify, ledger
 from rpwjax.api import load_params, prior_from_record
 from rpwjax.audit.verify import PUBLIC_PRIOR_KINDS, verified_release
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.errors import InputError, check_integer, check_label_rows
+from rpwjax.io import writers
+from rpwjax.io.atomic import atomic_outputs, read_json
+from rpwjax.io.csv_types import csv_column_types
+from rpwjax.io.source import MAX_CHUNK_ROWS, MAX_GLOBAL_ROWS, TableSource, file_kind, progress_bar
 from rpwjax.keys import (Secret, canonical_json, check_release_id, check_secret, default_release_id, key_fingerprint,
                          secret_record)
 from rpwjax.release_path import release, sidecar_fields
@@ -153,14 +157,14 @@ def output_fields(params: Mechanism, postprocess_range=None) -> dict:
 
 
 def check_chunk_rows(chunk_rows) -> int:
-    """``chunk_rows`` as an int in [1, :data:`rpwjax.io.MAX_CHUNK_ROWS`]."""
-    return check_integer(chunk_rows, "chunk_rows", 1, io.MAX_CHUNK_ROWS, flag="--chunk-rows")
+    """``chunk_rows`` as an int in [1, :data:`rpwjax.io.source.MAX_CHUNK_ROWS`]."""
+    return check_integer(chunk_rows, "chunk_rows", 1, MAX_CHUNK_ROWS, flag="--chunk-rows")
 
 
 def check_row_offset(row_offset, rows: int = 0) -> int:
     """``row_offset`` as an int with every global row index ``row_offset + i`` (i < rows) below 2^63."""
-    row_offset = check_integer(row_offset, "row_offset", 0, io.MAX_GLOBAL_ROWS - 1, flag="--row-offset")
-    if int(row_offset) + rows > io.MAX_GLOBAL_ROWS:
+    row_offset = check_integer(row_offset, "row_offset", 0, MAX_GLOBAL_ROWS - 1, flag="--row-offset")
+    if int(row_offset) + rows > MAX_GLOBAL_ROWS:
         raise InputError(f"row_offset (--row-offset) {int(row_offset)} plus {rows} rows passes the last global row "
                          f"index 2^63 - 1: row indices never wrap, so give a smaller offset")
     return int(row_offset)
@@ -211,8 +215,8 @@ def privatize_file(
     """
     from pathlib import Path
 
-    out_kind = io.file_kind(output_path, what="output file")
-    io.file_kind(input_path, what="input file")
+    out_kind = file_kind(output_path, what="output file")
+    file_kind(input_path, what="input file")
     key = release_secret(secret, release_id, label_column=label_column)
     if postprocess is not None and postprocess_range is None:
         raise InputError("postprocess needs postprocess_range, the public interval its values lie in")
@@ -221,7 +225,7 @@ def privatize_file(
     if Path(input_path).resolve() == Path(output_path).resolve() or (
             Path(output_path).is_file() and Path(input_path).is_file() and Path(input_path).samefile(output_path)):
         raise InputError(f"output must differ from input, got {str(output_path)!r} for both")
-    source = io.TableSource(input_path, label_column, encoding=encoding)
+    source = TableSource(input_path, label_column, encoding=encoding)
     total = source.num_rows if source.kind == ".parquet" else None
     if total is not None:
         check_row_offset(row_offset, total)
@@ -235,9 +239,9 @@ def privatize_file(
         if clip:
             y = np.clip(y, params.lo, params.hi)  # what every mechanism does first: no privacy cost
         start = row_offset + first - 1
-        if start + y.size > io.MAX_GLOBAL_ROWS:
+        if start + y.size > MAX_GLOBAL_ROWS:
             raise InputError(f"row_offset (--row-offset) {row_offset} plus the rows of {str(input_path)!r} passes the "
-                             f"last global row index 2^63 - 1 at {source.where(io.MAX_GLOBAL_ROWS - row_offset + 1)}")
+                             f"last global row index 2^63 - 1 at {source.where(MAX_GLOBAL_ROWS - row_offset + 1)}")
         noisy = release(params, key, y, start=start, output_spec=output_spec)
         if postprocess is not None:
             noisy = np.clip(np.asarray(postprocess(noisy), dtype=np.float64), *postprocess_range)
@@ -246,10 +250,10 @@ def privatize_file(
     types = None
     if source.kind != ".parquet" and out_kind == ".parquet":  # a pass of its own: each column's type from all values
         types = _with_bar(source, "column types", progress,
-                          lambda bar: io.csv_column_types(source, chunk_rows=chunk_rows, bar=bar))
-    with io.atomic_outputs(output_path, sidecar_path) as (tmp, tmp_json):
+                          lambda bar: csv_column_types(source, chunk_rows=chunk_rows, bar=bar))
+    with atomic_outputs(output_path, sidecar_path) as (tmp, tmp_json):
         rows = _with_bar(source, "privatize", progress,
-                         lambda bar: io.copy_with_labels(source, tmp, out_kind, released, chunk_rows=chunk_rows,
+                         lambda bar: writers.copy_with_labels(source, tmp, out_kind, released, chunk_rows=chunk_rows,
                                                          bar=bar, types=types))
         if rows == 0:
             raise InputError(f"input file {str(input_path)!r} has no rows")
@@ -265,8 +269,8 @@ def privatize_file(
 
 
 def _with_bar(source, desc: str, progress: bool, work):
-    """``work(bar)`` under a progress bar over one pass of ``source`` (:func:`rpwjax.io.progress_bar`)."""
-    with io.progress_bar(source, desc, enabled=progress) as bar:
+    """``work(bar)`` under a progress bar over one pass of ``source`` (:func:`rpwjax.io.source.progress_bar`)."""
+    with progress_bar(source, desc, enabled=progress) as bar:
         return work(bar)
 
 
@@ -285,7 +289,7 @@ def load_release_params(path, *, prior_is_public: bool = False, range=None):
     the file's is refused. ``prior`` is the saved histogram (None when none
     was saved).
     """
-    _, record = load_params(io.read_json(path))
+    _, record = load_params(read_json(path))
     params, record, verified = verified_release(record, name=str(path))
     record = dict(record, verified=verified)
     prior = prior_from_record(record)
