@@ -22,13 +22,14 @@ import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from rpwjax.io.atomic import atomic_outputs
+from rpwjax.io.atomic import atomic_outputs, check_outputs
 from rpwjax.io.source import TableSource, file_kind, progress_bar, read_labels
 from rpwjax.io.writers import copy_with_labels
 from rpwjax.errors import InputError, check_epsilon, check_integer, check_range
 from rpwjax.keys import Secret, secret_record
 from rpwjax.pipelines import pipeline as lookup
-from rpwjax.privatize import bind_release
+from rpwjax.ledger import ledger_path
+from rpwjax.privatize import bind_release, open_release
 from rpwjax.tables import read_feature_table
 
 DEFAULT_EPOCHS = 50
@@ -181,3 +182,31 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
 def pipeline_steps(row) -> int:
     """How many steps ``row.run`` reports (``auto``: design, statistics, release; the others: one)."""
     return 3 if row.kind == "auto" else 1
+
+
+def privatize_table_file(input_path, output_path, *, label_column: str, range, epsilon: float, pipeline: str = "auto",
+                         epochs: int | None = None, clip: bool = False, features=None, exclude=None, encoding=None,
+                         key_file=None, seed=None, release_id=None, ledger=None, budget=None, overwrite: bool = False,
+                         progress: bool = False, report=None, warn=None) -> tuple[dict, str | None]:
+    """What ``rpwjax privatize-table`` does: :func:`privatize_table` as one recorded release.
+
+    The outputs are checked before any work, the secret comes from
+    ``key_file`` (or the experiments-only ``seed``, which ``warn`` reports),
+    and the release is recorded in the ledger (``budget`` checked) before the
+    outputs appear. Returns the sidecar and the ledger's status line.
+    """
+    check_outputs([output_path, str(output_path) + ".json"], overwrite=overwrite,
+                  inputs=[input_path, key_file, ledger_path(ledger, key_file)])
+    check_range(*range)
+    # the same identity privatize_table binds an unbound secret to, so that the Python call reproduces this release
+    settings = {"pipeline": pipeline, "epsilon": float(epsilon), "range": [float(v) for v in range],
+                "epochs": epochs, "clip": clip}
+    run = open_release(command="privatize-table", input_path=input_path, label_column=label_column,
+                       settings=settings, key_file=key_file, seed=seed, release_id=release_id, ledger_file=ledger,
+                       budget=budget, report=warn)
+    run.start(float(epsilon), pipeline=pipeline)  # a pipeline's delta, if any, is set from its accounting
+    sidecar = privatize_table(input_path, output_path, label_column=label_column, lo=range[0], hi=range[1],
+                              epsilon=epsilon, pipeline=pipeline, secret=run.secret, clip=clip, encoding=encoding,
+                              epochs=epochs, before_commit=run.finish, features=features, exclude=exclude,
+                              progress=progress, report=report)
+    return sidecar, run.line
