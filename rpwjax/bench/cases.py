@@ -309,7 +309,8 @@ def _privatize_params(path: str, label_column: str, lo: float, hi: float):
 
 
 def privatize_file_thunk(src, label_column: str, lo: float, hi: float, dst):
-    """Timed call: ``privatize_file`` of ``label_column`` of ``src`` (RPWithPrior, parameters fitted in setup)."""
+    """Timed call: ``release_file`` (the streaming half of ``privatize_file``) of ``label_column`` of ``src``
+    (RPWithPrior, parameters fitted in setup)."""
     params, record = _privatize_params(str(src), label_column, float(lo), float(hi))
     secret = Secret.from_seed(7)
 
