@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from rpwjax.mechanisms.base import Mechanism, label_mse_grid
-from rpwjax.errors import InputError, check_choice, check_epsilon, check_labels, check_range  # noqa: F401 (InputError re-exported)
+from rpwjax.errors import InputError, check_choice, check_epsilon, check_integer, check_labels, check_range  # noqa: F401 (InputError re-exported)
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import MECHANISMS, entry, mechanism_names  # noqa: F401 (MECHANISMS, mechanism_names re-exported)
 from rpwjax.priors import DEFAULT_BINS, Prior, empirical_prior, histogram_prior, private_histogram
@@ -356,3 +356,90 @@ def records_total(records) -> dict:
     if empirical:
         note += "; the empirical-prior records are functions of the raw labels (private only if that prior is public)"
     return {"records": len(records), "epsilon_prior_total": spent, "empirical_prior": empirical, "note": note}
+
+
+MAX_BINS = 1024  # bins lie in [1, MAX_BINS] (--bins): RR-on-Bins' fit grows with the square of the bins
+
+
+def check_bins(bins, name="--bins"):
+    """``bins`` (when given) an integer in [1, :data:`MAX_BINS`]."""
+    if bins is not None:
+        check_integer(bins, name, 1, MAX_BINS)
+
+
+@dataclasses.dataclass(frozen=True)
+class FitOptions:
+    """The fit options of a file command (``rpwjax fit``, ``rpwjax privatize``), each None when not given.
+
+    Options that would do nothing for the mechanism and prior are refused
+    (:meth:`check`), never ignored; :meth:`settings` is what fixes the fit in
+    a release's identity and its ledger record; :meth:`fit` runs it.
+    """
+
+    mechanism: str | None = None
+    epsilon: Any = None
+    range: Any = None
+    zeta: Any = None
+    objective: str | None = None
+    prior: str | None = None
+    prior_epsilon: float | None = None
+    bins: int | None = None
+    delta: float | None = None
+    calibration: str | None = None
+    clip: bool = False
+
+    def settings(self) -> dict:
+        """Every fit option as given (for the release identity and the ledger)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def check(self, *, spend_prior: bool):
+        """Refuse options that would do nothing for this mechanism and prior (instead of ignoring them)."""
+        check_bins(self.bins)
+        self.check_prior_epsilon()
+        mechanism = self.mechanism
+        for flag, value, owner in (("--zeta", self.zeta, "rpwithprior"), ("--objective", self.objective, "rpwithprior"),
+                                   ("--delta", self.delta, "gaussian"), ("--calibration", self.calibration, "gaussian")):
+            if value is not None and mechanism != owner:
+                raise InputError(f"{flag} {value} does nothing for --mechanism {mechanism} (it applies to {owner} only)")
+        uses_prior = MECHANISMS[mechanism].uses_prior or spend_prior
+        if (self.prior or "private") == "empirical":
+            if self.bins is not None:
+                raise InputError(f"--bins {self.bins} does nothing under --prior empirical (no histogram is built): "
+                                 "drop it or use --prior private")
+        elif not uses_prior:
+            for flag, value in (("--prior", self.prior), ("--bins", self.bins), ("--prior-epsilon", self.prior_epsilon)):
+                if value is not None:
+                    raise InputError(f"{flag} {value} does nothing for --mechanism {mechanism}: it uses no prior and "
+                                     "spends nothing on one (with privatize --denoise posterior it does)")
+
+    def check_prior_epsilon(self):
+        if (self.prior or "private") == "empirical" and self.prior_epsilon is not None:
+            raise InputError(f"--prior-epsilon {self.prior_epsilon:g} does nothing under --prior empirical (nothing "
+                             "is spent on a known prior): drop it or use --prior private")
+
+    def mechanism_options(self) -> dict:
+        """The mechanism's own options: ζ and the objective (RPWithPrior), δ and the calibration (Gaussian)."""
+        opts = {}
+        if self.mechanism == "rpwithprior":
+            zeta = "auto" if self.zeta is None else self.zeta
+            opts["zeta"] = zeta if zeta == "auto" else _number(zeta, "zeta")
+            opts["objective"] = self.objective or "neighborhood"
+        if self.mechanism == "gaussian":
+            if self.delta is not None:
+                opts["delta"] = self.delta
+            if self.calibration is not None:
+                opts["calibration"] = self.calibration
+        return opts
+
+    def fit(self, labels, epsilon, secret: Secret, *, spend_prior: bool = False) -> FitResult:
+        """:func:`fit` of ``labels`` with these options (defaults where not given) and ``epsilon``."""
+        return fit(self.mechanism, labels, range=tuple(self.range), epsilon=epsilon, prior=self.prior or "private",
+                   prior_epsilon=self.prior_epsilon, bins=DEFAULT_BINS if self.bins is None else self.bins,
+                   secret=secret, clip=self.clip, spend_prior=spend_prior, **self.mechanism_options())
+
+
+def _number(text, name):
+    try:
+        return float(text)
+    except ValueError:
+        raise InputError(f"{name} must be a number or 'auto', got {name}={text!r}") from None

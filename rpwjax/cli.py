@@ -4,7 +4,7 @@ Errors print one line on stderr naming the problem and the value: exit 2 for
 bad input (including a bad command line), 1 for I/O errors. ``SIGINT`` and
 ``SIGTERM`` stop a run at any moment with one line and exit 130 and 143
 (:mod:`rpwjax.interrupts`, installed before anything heavy is imported).
-Nothing half-written is left behind (:func:`rpwjax.io.atomic_outputs`).
+Nothing half-written is left behind (:func:`rpwjax.io.atomic.atomic_outputs`).
 Warnings are printed as one line each.
 """
 
@@ -20,8 +20,6 @@ import warnings
 from pathlib import Path
 
 from rpwjax import __version__, interrupts
-
-MAX_BINS = 1024  # --bins lies in [1, MAX_BINS]: RR-on-Bins' fit grows with the square of the bins
 
 EXIT_INPUT = 2
 EXIT_IO = 1
@@ -44,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_fit_options(p: argparse.ArgumentParser, *, many_epsilons: bool, required: bool):
-    from rpwjax.api import DEFAULT_BINS, MECHANISMS
+    from rpwjax.api import DEFAULT_BINS, MAX_BINS, MECHANISMS
 
     p.add_argument("--mechanism", choices=list(MECHANISMS), required=required, help="mechanism to fit")
     p.add_argument(
@@ -67,29 +65,6 @@ def _add_fit_options(p: argparse.ArgumentParser, *, many_epsilons: bool, require
     p.add_argument("--clip", action="store_true", help="clip labels outside the range instead of refusing them")
 
 
-def _mechanism_options(args) -> dict:
-    opts = {}
-    if args.mechanism == "rpwithprior":
-        zeta = "auto" if args.zeta is None else args.zeta
-        opts["zeta"] = zeta if zeta == "auto" else _float(zeta, "zeta")
-        opts["objective"] = args.objective or "neighborhood"
-    if args.mechanism == "gaussian":
-        if args.delta is not None:
-            opts["delta"] = args.delta
-        if args.calibration is not None:
-            opts["calibration"] = args.calibration
-    return opts
-
-
-def _float(text, name):
-    from rpwjax.errors import InputError
-
-    try:
-        return float(text)
-    except ValueError:
-        raise InputError(f"{name} must be a number or 'auto', got {name}={text!r}") from None
-
-
 def _add_secret_options(p: argparse.ArgumentParser, what: str):
     p.add_argument("--key-file", default=None,
                    help=f"256-bit secret from `rpwjax keygen` for the {what} (default: fresh OS entropy); "
@@ -109,37 +84,6 @@ def _add_secret_options(p: argparse.ArgumentParser, what: str):
                         "the ledger past E")
 
 
-def _check_bins(bins, name="--bins"):
-    from rpwjax.errors import check_integer
-
-    if bins is not None:
-        check_integer(bins, name, 1, MAX_BINS)
-
-
-def _check_fit_options(args, *, spend_prior: bool):
-    """Refuse fit options that would do nothing for this mechanism and prior (instead of ignoring them)."""
-    from rpwjax.api import MECHANISMS
-    from rpwjax.errors import InputError
-
-    _check_bins(args.bins)
-    _check_prior_epsilon(args)
-    mechanism = args.mechanism
-    for flag, value, owner in (("--zeta", args.zeta, "rpwithprior"), ("--objective", args.objective, "rpwithprior"),
-                               ("--delta", args.delta, "gaussian"), ("--calibration", args.calibration, "gaussian")):
-        if value is not None and mechanism != owner:
-            raise InputError(f"{flag} {value} does nothing for --mechanism {mechanism} (it applies to {owner} only)")
-    uses_prior = MECHANISMS[mechanism].uses_prior or spend_prior
-    if (args.prior or "private") == "empirical":
-        if args.bins is not None:
-            raise InputError(f"--bins {args.bins} does nothing under --prior empirical (no histogram is built): "
-                             "drop it or use --prior private")
-    elif not uses_prior:
-        for flag, value in (("--prior", args.prior), ("--bins", args.bins), ("--prior-epsilon", args.prior_epsilon)):
-            if value is not None:
-                raise InputError(f"{flag} {value} does nothing for --mechanism {mechanism}: it uses no prior and "
-                                 "spends nothing on one (with privatize --denoise posterior it does)")
-
-
 def _add_feature_options(p: argparse.ArgumentParser, prefix: str = ""):
     p.add_argument("--features", nargs="+", default=None, metavar="COL",
                    help=prefix + "use exactly these columns as features (default: every numeric column but the label "
@@ -155,33 +99,6 @@ def _add_encoding_option(p: argparse.ArgumentParser):
                         "encoding), e.g. latin-1 or cp1252")
 
 
-def _secret(args):
-    from rpwjax.keys import resolve_secret
-
-    secret = resolve_secret(args.key_file, args.seed)
-    if args.seed is not None:  # never unnoticed: the sidecar says so too
-        print(f"rpwjax {args.command}: warning: reproducible seed: not for production (--seed {args.seed} is for "
-              "experiments; a release takes --key-file or fresh OS entropy)", file=sys.stderr)
-    return secret
-
-
-def _release_run(args, command: str, input_path, label_column, settings: dict, row_offset: int = 0,
-                 what: str = "input file", identity_settings="same"):
-    """The command's release: its secret bound to a release id, and its ledger record (rpwjax.privatize.ReleaseRun)."""
-    from rpwjax.privatize import ReleaseRun
-
-    return ReleaseRun(secret=_secret(args), command=command, input_path=input_path, label_column=label_column,
-                      settings=settings, release_id=args.release_id, row_offset=row_offset, ledger_file=args.ledger,
-                      key_file=args.key_file, budget=args.budget, what=what, identity_settings=identity_settings)
-
-
-def _fit_settings(args) -> dict:
-    """What fixes a fit (for the release identity and the ledger): every fit option as given."""
-    keys = ("mechanism", "epsilon", "range", "zeta", "objective", "prior", "prior_epsilon", "bins", "delta",
-            "calibration", "clip")
-    return {k: getattr(args, k, None) for k in keys}
-
-
 def _reporter(command: str):
     """Print a line of what a command chose (e.g. its feature columns) on stderr, named by the command."""
     return lambda line: print(f"rpwjax {command}: {line}", file=sys.stderr)
@@ -192,70 +109,30 @@ def _print_ledger_line(command: str, line):
         print(f"rpwjax {command}: {line}", file=sys.stderr)
 
 
-def _fit(args, labels, epsilon, secret):
-    from rpwjax.api import DEFAULT_BINS, fit
+_FIT_OPTIONS = ("mechanism", "epsilon", "range", "zeta", "objective", "prior", "prior_epsilon", "bins", "delta",
+                "calibration", "clip")
+_SECRET_OPTIONS = dict(key_file="key_file", seed="seed", release_id="release_id", ledger="ledger", budget="budget")
 
-    return fit(
-        args.mechanism,
-        labels,
-        range=tuple(args.range),
-        epsilon=epsilon,
-        prior=args.prior or "private",
-        prior_epsilon=args.prior_epsilon,
-        bins=DEFAULT_BINS if args.bins is None else args.bins,
-        secret=secret,
-        clip=args.clip,
-        spend_prior=getattr(args, "denoise", "none") == "posterior",
-        **_mechanism_options(args),
-    )
+
+def _fit_options(args):
+    """The fit options as given on the command line (rpwjax.api.FitOptions)."""
+    from rpwjax.api import FitOptions
+
+    return FitOptions(**{k: getattr(args, k, None) for k in _FIT_OPTIONS})
+
+
+def _secret_options(args, ledger="ledger") -> dict:
+    """--key-file, --seed, --release-id, --ledger and --budget as keyword arguments (the ledger's under ``ledger``)."""
+    return {ledger if k == "ledger" else k: getattr(args, v) for k, v in _SECRET_OPTIONS.items()}
 
 
 def cmd_fit(args) -> int:
-    from rpwjax import io
-    from rpwjax.api import records_total
-    from rpwjax.errors import InputError, check_range
-    from rpwjax.ledger import ledger_path
+    from rpwjax.privatize import fit_file
 
-    _check_fit_options(args, spend_prior=False)
-    if args.prior == "empirical" and (args.save or args.json) and not args.prior_is_public:
-        output = " and ".join(flag for flag, given in (("--save", args.save), ("--json", args.json)) if given)
-        raise InputError(
-            f"--prior empirical with {output} publishes functions of the raw labels (the parameters and label_mse "
-            "under their empirical distribution): private only if that prior is public. Say so with "
-            "--prior-is-public, or use --prior private (the default)")
-    if args.prior_is_public and args.prior != "empirical":
-        raise InputError("--prior-is-public does nothing without --prior empirical")
-    if args.save:  # before the labels are read
-        io.check_outputs([args.save], overwrite=args.overwrite,
-                         inputs=[args.labels, args.key_file, ledger_path(args.ledger, args.key_file)])
-    elif args.overwrite:
-        raise InputError("--overwrite does nothing without --save (fit writes no other file)")
-    lo, hi = check_range(*args.range)
-    run = _release_run(args, "fit", args.labels, args.label_column, _fit_settings(args), what="labels file")
-    labels = io.read_labels(args.labels, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip))
-    secret = run.secret
-    result = _fit(args, labels, args.epsilon if len(args.epsilon) > 1 else args.epsilon[0], secret.child("fit"))
-    records = result.records()
-    # what leaves a fit is its private histogram(s): epsilon_1 per epsilon, spent on these labels
-    run.start(sum(float(r["epsilon_prior"]) for r in records), mechanism=args.mechanism)
-    for r in records:
-        r.update(_seed_fields(secret), release_id=run.release_id)
-    if len(records) > 1:
-        total = records_total(records)
-        for r in records:
-            r["all_records"] = total
-    if args.save:
-        if len(records) != 1:
-            raise InputError(f"--save writes exactly one fit: give one --epsilon, got {len(records)}")
-        from rpwjax.audit.verify import check_record
-
-        # parameters privatize would refuse are not saved: the same checks privatize runs on a params file
-        problems = check_record(records[0], stop_early=True)[1]["problems"]
-        if problems:
-            raise InputError(f"--save: these parameters cannot be released: {problems[0]}")
-    run.finish(labels.size)
-    if args.save:
-        io.write_json(args.save, records[0])
+    records, line = fit_file(args.labels, _fit_options(args), label_column=args.label_column, encoding=args.encoding,
+                             save=args.save, publish=args.json, overwrite=args.overwrite,
+                             prior_is_public=args.prior_is_public, report=_reporter("fit"),
+                             **_secret_options(args, ledger="ledger_file"))
     if args.json:  # JSON Lines, as every --json: one object per epsilon
         for r in records:
             print(json.dumps(r))
@@ -263,30 +140,21 @@ def cmd_fit(args) -> int:
             print(f"rpwjax fit: {records[0]['all_records']['note']}", file=sys.stderr)
     else:
         for r in records:
-            p = r["params"]
-            extra = ""
-            if r["mechanism"] == "rpwithprior":
-                extra = f" A1={p['A1']:.6g} A2={p['A2']:.6g} zeta={p['zeta']:.6g} preservation={p['preservation']:.4f}"
-            print(
-                f"{r['mechanism']} epsilon={r['epsilon']:g} (prior {r['epsilon_prior']:g} + mechanism "
-                f"{r['epsilon_mechanism']:g}, delta={r['delta']:g}) label_mse={r['label_mse']:.6g}{extra}"
-            )
+            print(_fit_line(r))
         if len(records) > 1:
             print(records[0]["all_records"]["note"])
-    _print_ledger_line("fit", run.line)
+    _print_ledger_line("fit", line)
     return 0
 
 
-def _check_prior_epsilon(args):
-    from rpwjax.errors import InputError
-
-    if (args.prior or "private") == "empirical" and args.prior_epsilon is not None:
-        raise InputError(f"--prior-epsilon {args.prior_epsilon:g} does nothing under --prior empirical (nothing is "
-                         "spent on a known prior): drop it or use --prior private")
-
-
-def _seed_fields(secret) -> dict:
-    return {"reproducible_seed": True, "seed_note": "integer seed: not for production"} if secret.reproducible else {}
+def _fit_line(r: dict) -> str:
+    """One fit record in words."""
+    p = r["params"]
+    extra = ""
+    if r["mechanism"] == "rpwithprior":
+        extra = f" A1={p['A1']:.6g} A2={p['A2']:.6g} zeta={p['zeta']:.6g} preservation={p['preservation']:.4f}"
+    return (f"{r['mechanism']} epsilon={r['epsilon']:g} (prior {r['epsilon_prior']:g} + mechanism "
+            f"{r['epsilon_mechanism']:g}, delta={r['delta']:g}) label_mse={r['label_mse']:.6g}{extra}")
 
 
 def cmd_keygen(args) -> int:
@@ -304,204 +172,33 @@ def cmd_keygen(args) -> int:
 
 
 def cmd_privatize(args) -> int:
-    from rpwjax import io
-    from rpwjax.errors import InputError, check_range
-    from rpwjax.ledger import file_sha256, ledger_path
-    from rpwjax.privatize import check_chunk_rows, check_row_offset, load_release_params, privatize_file
+    from rpwjax.privatize import privatize_file
 
-    check_chunk_rows(args.chunk_rows)
-    check_row_offset(args.row_offset)
-    io.file_kind(args.input, what="input file")
-    io.file_kind(args.output, what="output file")
-    # the output and its sidecar, before anything is read or fitted (the ledger too: it is appended, never replaced)
-    io.check_outputs([args.output, str(args.output) + ".json"], overwrite=args.overwrite,
-                     inputs=[args.input, args.params, args.key_file, ledger_path(args.ledger, args.key_file)])
-    if args.range is not None:
-        check_range(*args.range)  # before it joins the release's identity
-    # post-processing is not part of a release's identity (one release may be written raw and denoised), except
-    # posterior denoising of an inline fit, which makes a prior-free mechanism's fit spend epsilon_1 on a histogram
-    settings = dict(_fit_settings(args), spend_prior=args.denoise == "posterior" and not args.params,
-                    params=None if not args.params else file_sha256(args.params, "params file"))
-    run = _release_run(args, "privatize", args.input, args.label_column, settings, row_offset=args.row_offset,
-                       identity_settings=None if args.params else "same")
-    secret = run.secret
-    prior = None
-    if args.denoise == "debias" and args.mechanism is not None:
-        _check_debias(args.mechanism)  # before any fit
-    if args.params:
-        if args.mechanism is not None or args.epsilon is not None:
-            raise InputError("give either --params or fit options (--mechanism/--epsilon), not both")
-        for flag in ("zeta", "objective", "prior", "prior_epsilon", "bins", "delta", "calibration"):
-            if getattr(args, flag) is not None:
-                raise InputError(f"--{flag.replace('_', '-')} {getattr(args, flag)} does nothing with --params: the "
-                                 "params file fixes the fit (refit with `rpwjax fit` to change it)")
-        params, record, prior = load_release_params(args.params, prior_is_public=args.prior_is_public,
-                                                    range=args.range)
-        # the labels of this file pay epsilon_2; the fit's histogram is in the ledger under the fit's input
-        run.start(float(record["epsilon_mechanism"]), float(record.get("delta") or 0.0), mechanism=record["mechanism"],
-                  params_release_id=record.get("release_id"))
-    else:
-        if args.mechanism is None or args.epsilon is None:
-            raise InputError("privatize needs --params PARAMS.json, or --mechanism and --epsilon to fit")
-        if args.range is None:
-            raise InputError("--range LO HI is required to fit: the label range is public input")
-        _check_fit_options(args, spend_prior=args.denoise == "posterior")
-        if args.prior == "empirical" and not args.prior_is_public:
-            raise InputError(
-                "--prior empirical makes the parameters functions of the raw labels: the release is private only if "
-                "that prior is public. Say so with --prior-is-public, or use --prior private (the default)")
-        if args.prior_is_public and args.prior != "empirical":
-            raise InputError("--prior-is-public does nothing without --prior empirical")
-        lo, hi = check_range(*args.range)
-        run.start(float(args.epsilon), mechanism=args.mechanism)  # delta (Gaussian) is the fit's, set below
-        source = io.TableSource(args.input, args.label_column, encoding=args.encoding)
-        with io.progress_bar(source, "read labels", enabled=not args.quiet) as bar:
-            labels = io.read_labels(args.input, args.label_column, encoding=args.encoding, check=(lo, hi, args.clip),
-                                    bar=bar)
-        # the histogram noise (if any) and the release draw from independent keys derived from the secret
-        result = _fit(args, labels, args.epsilon, secret.child("fit"))
-        params, record = result.params, result.records()[0]
-        prior = result.prior_for(0)
-        run.record["delta"] = float(record["delta"])
-    postprocess = postprocess_name = postprocess_range = None
-    if args.denoise == "debias":
-        from rpwjax.posterior import debias, debias_record
-
-        _check_debias(params.name)
-        coefficients = debias_record(params)
-        record = dict(record, debias=coefficients)
-        postprocess = lambda noisy: debias(params, noisy)  # noqa: E731
-        postprocess_name, postprocess_range = "debias", coefficients["range"]
-    if args.denoise == "posterior":
-        from rpwjax.posterior import posterior_mean
-
-        if prior is None:
-            raise InputError(
-                "--denoise posterior needs the prior the fit used: a params file saves it only for a private "
-                "histogram (fit with --prior private; for laplace, gaussian and staircase privatize without "
-                "--params, which then spends epsilon_1 on the histogram), or privatize without --params to fit inline"
-            )
-        posterior_mean(params, prior, [params.lo])  # fail before any output if this pair has no posterior
-        postprocess = lambda noisy: posterior_mean(params, prior, noisy)  # noqa: E731
-        # a posterior mean lies in the range
-        postprocess_name, postprocess_range = "posterior-mean", (params.lo, params.hi)
-    if record.get("prior", {}).get("kind") in ("empirical", "histogram"):  # no accounted release behind the prior
-        record = dict(record, prior_is_public="asserted by the user (--prior-is-public): the guarantee holds only if "
-                                              "the prior is public")
-    privatize_file(
-        args.input,
-        args.output,
-        label_column=args.label_column,
-        params=params,
-        secret=secret,  # the release draws from secret.child("release"); an inline fit from secret.child("fit")
-        record=record,
-        chunk_rows=args.chunk_rows,
-        clip=args.clip,
-        progress=not args.quiet,
-        row_offset=args.row_offset,
-        postprocess=postprocess,
-        postprocess_name=postprocess_name,
-        postprocess_range=postprocess_range,
-        encoding=args.encoding,
-        before_commit=run.finish,
-    )
-    _print_ledger_line("privatize", run.line)
-    return 0
-
-
-def _check_sweep_outputs(out_dir, overwrite):
-    """A sweep writes DIR/results.csv and DIR/*_curves.png: refused over an earlier sweep's unless --overwrite."""
-    from rpwjax import io
-    from rpwjax.errors import InputError
-
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {str(out)!r} is a file: give a directory")
-    io.check_outputs([out / "results.csv", *sorted(out.glob("*_curves.png"))], overwrite=overwrite)
-
-
-DEBIAS_REFUSALS = {
-    "laplace": "it adds zero-mean noise to clip(y, lo, hi), so its release is already unbiased for the clipped label "
-               "(up to the public clamp of its output range): there is nothing to debias",
-    "gaussian": "it adds zero-mean noise to clip(y, lo, hi), so its release is already unbiased for the clipped label "
-                "(up to the public clamp of its output range): there is nothing to debias",
-    "staircase": "it adds zero-mean noise to clip(y, lo, hi), so its release is already unbiased for the clipped "
-                 "label (up to the public clamp of its output range): there is nothing to debias",
-    "unbiased": "its release is unbiased for the label by construction: there is nothing to debias",
-    "rr-on-bins": "it has no closed-form debiasing: its outputs are the bins' representatives, so E[released | y] "
-                  "depends on y only through its bin",
-}
-
-
-def _check_debias(mechanism: str):
-    """``--denoise debias`` is RPWithPrior's (y~ - b)/a; every other mechanism is refused, saying why."""
-    from rpwjax.errors import InputError
-
-    if mechanism != "rpwithprior":
-        raise InputError(f"--denoise debias applies to --mechanism rpwithprior only, got {mechanism}: "
-                         f"{DEBIAS_REFUSALS[mechanism]}")
-
-
-def _sweep(split, config, out_dir, quiet) -> int:
-    from pathlib import Path
-
-    from rpwjax.experiments.sweeps import format_table, run_sweep, summarize, write_rows
-    from rpwjax.experiments.plots import plot_curves
-
-    rows = run_sweep(split, config, progress=not quiet)
-    out = Path(out_dir)
-    write_rows(rows, out / "results.csv")
-    paths = plot_curves(rows, out)
-    print(format_table(summarize(rows)))
-    print(f"results: {out / 'results.csv'}")
-    for p in paths:
-        print(f"plot: {p}")
+    fit = {k: getattr(args, k) for k in _FIT_OPTIONS}
+    privatize_file(args.input, args.output, label_column=args.label_column, params=args.params, **fit,
+                   prior_is_public=args.prior_is_public, denoise=args.denoise, chunk_rows=args.chunk_rows,
+                   row_offset=args.row_offset, encoding=args.encoding, overwrite=args.overwrite,
+                   progress=not args.quiet, report=_reporter("privatize"), **_secret_options(args))
     return 0
 
 
 def cmd_curves(args) -> int:
-    from rpwjax.experiments.datasets import (VALIDATION_SEED, load_dataset, load_table, train_test_split,
-                                             validation_split)
-    from rpwjax.errors import InputError, check_integer
+    from rpwjax.experiments.curves import curves_split, sweep_to
     from rpwjax.experiments.sweeps import PAPER_EPSILONS, SweepConfig
 
-    if (args.dataset is None) == (args.data is None):
-        raise InputError("give exactly one of --dataset NAME or --data FILE")
-    _check_sweep_outputs(args.out, args.overwrite)
-    if args.validation_seed is not None:  # checked before any data is read
-        if not args.validation:
-            raise InputError("--validation-seed does nothing without --validation")
-        check_integer(args.validation_seed, "--validation-seed", 0, 2**63 - 1)
-    if args.data is not None:
-        if args.label_column is None or args.range is None:
-            raise InputError("--data needs --label-column COL and --range LO HI (the range is public input)")
-        _check_bins(args.bins)
-        dataset = load_table(args.data, args.label_column, args.range[0], args.range[1], clip=args.clip,
-                             features=args.features, exclude=args.exclude,
-                             report=(lambda line: None) if args.quiet else _reporter("curves"))
-    else:
-        for flag in ("features", "exclude"):
-            if getattr(args, flag) is not None:
-                raise InputError(f"--{flag} applies to --data (a bundled data set's features are fixed)")
-        _check_bins(args.bins)
-        dataset = load_dataset(args.dataset)
+    split = curves_split(dataset=args.dataset, data=args.data, label_column=args.label_column, range=args.range,
+                         features=args.features, exclude=args.exclude, clip=args.clip, bins=args.bins,
+                         validation=args.validation, validation_seed=args.validation_seed, out_dir=args.out,
+                         overwrite=args.overwrite, report=None if args.quiet else _reporter("curves"))
     config = SweepConfig(
         mechanisms=tuple(args.mechanisms) if args.mechanisms else SweepConfig.mechanisms,
-        epsilons=tuple(args.epsilon) if args.epsilon else PAPER_EPSILONS,
-        seeds=args.seeds,
-        first_seed=args.first_seed,
-        epochs=args.epochs,
-        prior=args.prior,
-        prior_epsilon=args.prior_epsilon,
-        bins=args.bins,
-        denoise=tuple(args.denoise or ()),
-        variants=tuple(args.variants or ()),
+        epsilons=tuple(args.epsilon) if args.epsilon else PAPER_EPSILONS, seeds=args.seeds,
+        first_seed=args.first_seed, epochs=args.epochs, prior=args.prior, prior_epsilon=args.prior_epsilon,
+        bins=args.bins, denoise=tuple(args.denoise or ()), variants=tuple(args.variants or ()),
         configs=tuple(dict.fromkeys(args.config)),
     )
-    split = train_test_split(dataset, seed=0)
-    if args.validation:
-        split = validation_split(split, seed=VALIDATION_SEED if args.validation_seed is None else args.validation_seed)
-    return _sweep(split, config, args.out, args.quiet)
+    print("\n".join(sweep_to(split, config, args.out, progress=not args.quiet)))
+    return 0
 
 
 def _pipeline_names() -> list[str]:
@@ -511,25 +208,15 @@ def _pipeline_names() -> list[str]:
 
 
 def cmd_privatize_table(args) -> int:
-    from rpwjax import io
-    from rpwjax.errors import check_range
-    from rpwjax.ledger import ledger_path
-    from rpwjax.pipelines.table import privatize_table
+    from rpwjax.pipelines.table import privatize_table_file
 
-    io.check_outputs([args.output, str(args.output) + ".json"], overwrite=args.overwrite,
-                     inputs=[args.input, args.key_file, ledger_path(args.ledger, args.key_file)])
-    check_range(*args.range)
-    # the same identity privatize_table binds an unbound secret to, so that the Python call reproduces this release
-    settings = {"pipeline": args.pipeline, "epsilon": float(args.epsilon), "range": [float(v) for v in args.range],
-                "epochs": args.epochs, "clip": args.clip}
-    run = _release_run(args, "privatize-table", args.input, args.label_column, settings)
-    run.start(float(args.epsilon), pipeline=args.pipeline)  # a pipeline's delta, if any, is set from its accounting
-    sidecar = privatize_table(args.input, args.output, label_column=args.label_column, lo=args.range[0],
-                              hi=args.range[1], epsilon=args.epsilon, pipeline=args.pipeline, secret=run.secret,
-                              clip=args.clip, encoding=args.encoding, epochs=args.epochs, before_commit=run.finish,
-                              features=args.features, exclude=args.exclude, progress=not args.quiet,
-                              report=None if args.quiet else _reporter("privatize-table"))
-    _print_ledger_line("privatize-table", run.line)
+    sidecar, line = privatize_table_file(
+        args.input, args.output, label_column=args.label_column, range=args.range, epsilon=args.epsilon,
+        pipeline=args.pipeline, epochs=args.epochs, clip=args.clip, features=args.features, exclude=args.exclude,
+        encoding=args.encoding, overwrite=args.overwrite, progress=not args.quiet,
+        report=None if args.quiet else _reporter("privatize-table"), warn=_reporter("privatize-table"),
+        **_secret_options(args))
+    _print_ledger_line("privatize-table", line)
     print(f"{args.pipeline}: {sidecar['rows']} labels privatized at epsilon={float(args.epsilon):g} "
           f"(per label, total) -> {args.output}")
     return 0
@@ -537,47 +224,20 @@ def cmd_privatize_table(args) -> int:
 
 def cmd_ledger(args) -> int:
     """Print each (input, label column) of a ledger: its releases and the total epsilon and delta."""
-    from rpwjax.errors import InputError
-    from rpwjax.ledger import ledger_path, read, summaries
+    from rpwjax.ledger import report_lines
 
-    if args.key_file is not None and args.ledger is not None:
-        raise InputError("give either --key-file (its ledger lies beside it) or --ledger FILE, not both")
-    path = ledger_path(args.ledger, args.key_file)
-    if not path.exists():
-        raise InputError(f"ledger {str(path)!r} does not exist: no release has been recorded there")
-    groups = summaries(read(path))
-    if args.json:
-        for g in groups:
-            print(json.dumps(g, sort_keys=True))
-        return 0
-    print(f"ledger {path}: {len(groups)} inputs")
-    for g in groups:
-        delta = f", delta {g['delta_total']:g}" if g["delta_total"] else ""
-        print(f"\n{g['input']} (label {g['label_column']!r}, sha256 {g['input_sha256'][:12]}...): "
-              f"epsilon {g['epsilon_total']:g}{delta} in {len(g['releases'])} releases (basic composition)")
-        for r in g["releases"]:
-            print(f"  {r['time']}  {r['command']:<15} {r['mechanism'] or '':<12} epsilon {r['epsilon']:<8g} "
-                  f"rows {r['rows']} from {r['row_offset']}  release {r['release_id']}")
+    for line in report_lines(args.ledger, args.key_file, as_json=args.json):
+        print(line)
     return 0
 
 
 def cmd_bench(args) -> int:
     """Run the benchmarks; exit code 1 if any case failed (its error is in results.json)."""
-    from rpwjax import io
-    from rpwjax.bench.plans import FAMILIES, PLANS
-    from rpwjax.bench.report import run_plan, summary
-    from rpwjax.errors import InputError, check_integer
+    from rpwjax.bench.report import run_bench, summary
 
-    if args.repeats is not None:
-        check_integer(args.repeats, "--repeats")
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {str(out)!r} is a file: give a directory")
-    plots = [] if args.no_plots else [out / f"{family}.png" for family in (args.only or FAMILIES)]
-    io.check_outputs([out / "results.json", *plots], overwrite=args.overwrite)
-    plan = PLANS[args.plan or ("quick" if args.quick else "full")]
-    results = run_plan(plan, args.out, cache_dir=args.cache, families=args.only, repeats=args.repeats,
-                       plots=not args.no_plots, progress=not args.quiet)
+    results = run_bench(args.plan or ("quick" if args.quick else "full"), args.out, cache_dir=args.cache,
+                        families=args.only, repeats=args.repeats, plots=not args.no_plots, progress=not args.quiet,
+                        overwrite=args.overwrite)
     print(summary(results))
     print(f"wrote {Path(args.out) / 'results.json'}")
     return 1 if results["errors"] else 0
@@ -585,46 +245,13 @@ def cmd_bench(args) -> int:
 
 def cmd_audit(args) -> int:
     """Print the audit table (or JSON lines) and every problem; 0 iff every check passes."""
-    from rpwjax.audit import checks, verify
-    from rpwjax.errors import InputError
+    from rpwjax.audit.command import audit_lines
 
-    if args.params is not None:
-        if args.mechanism is not None or args.epsilon is not None:
-            raise InputError("give either --params FILE or --mechanism/--epsilon, not both: a saved fit states its own "
-                             "mechanism and epsilon")
-        out = verify.audit_params_file(args.params, samples=args.samples, seed=args.seed, audit_seed=args.audit_seed)
-        report, record = out["report"], out["record"]
-        if args.json:
-            obj = report.to_json() if report is not None else {"mechanism": record["mechanism"]}
-            obj.update(params_file=str(args.params), record_pass=record["pass"], record_problems=record["problems"],
-                       verified=record, key_check_pass=out["keys"]["pass"], errors=out["broken"],
-                       audit_seed=out["audit_seed"], **{"pass": out["pass"]})
-            print(json.dumps(obj))
-            return 0 if out["pass"] else 1
-        if report is not None:
-            print(checks.format_table([report]))
-        print("\n" + checks.legend(args.samples, out["keys"], out["audit_seed"]))
-        print("\n".join(checks.record_lines(args.params, record)))
-        reports = [report] if report is not None else []
-    else:
-        out = checks.run_audit(args.mechanism, args.epsilon, samples=args.samples, seed=args.seed,
-                               audit_seed=args.audit_seed)
-        reports = out["reports"]
-        if args.json:
-            for r in reports:
-                obj = r.to_json()
-                obj["key_check_pass"] = out["keys"]["pass"]
-                obj["pass"] = obj["pass"] and out["keys"]["pass"]
-                print(json.dumps(obj))
-            for line in out["broken"]:
-                print(json.dumps({"error": line, "audit_seed": out["audit_seed"], "pass": False}))
-            return 0 if out["pass"] else 1
-        if reports:
-            print(checks.format_table(reports))
-        print("\n" + checks.legend(args.samples, out["keys"], out["audit_seed"]))
-    for line in checks.problem_lines(reports, out["keys"], out["broken"]):
+    lines, passed = audit_lines(mechanism=args.mechanism, epsilon=args.epsilon, params=args.params,
+                                samples=args.samples, seed=args.seed, audit_seed=args.audit_seed, as_json=args.json)
+    for line in lines:
         print(line)
-    return 0 if out["pass"] else 1
+    return 0 if passed else 1
 
 
 def cmd_reproduce(args) -> int:
@@ -640,19 +267,23 @@ def cmd_reproduce(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    from rpwjax.experiments.curves import DEMO_CONFIG, check_sweep_outputs, sweep_to
     from rpwjax.experiments.datasets import load_dataset, train_test_split
     from rpwjax.experiments.sweeps import SweepConfig
 
-    _check_sweep_outputs(args.out, args.overwrite)
-    config = SweepConfig(epsilons=(0.1, 0.5, 1.0, 2.0, 8.0), seeds=3, epochs=20)
+    check_sweep_outputs(args.out, args.overwrite)
+    config = SweepConfig(**DEMO_CONFIG)
     print("rpwjax demo: all six mechanisms on bundled California Housing, eps in {0.1, 0.5, 1, 2, 8}, "
           f"3 seeds, 20 epochs, private histogram prior (eps1 = 0.1 eps, {config.bins} bins)")
-    return _sweep(train_test_split(load_dataset("california"), seed=0), config, args.out, args.quiet)
+    split = train_test_split(load_dataset("california"), seed=0)
+    print("\n".join(sweep_to(split, config, args.out, progress=not args.quiet)))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rpwjax.io import MAX_CHUNK_ROWS
+    from rpwjax.io.source import MAX_CHUNK_ROWS
     from rpwjax.privatize import DEFAULT_CHUNK_ROWS
+    from rpwjax.api import MAX_BINS
     from rpwjax.priors import DEFAULT_BINS
 
     parser = _Parser(prog="rpwjax", description="Label differential privacy for regression, in JAX.")

@@ -6,7 +6,7 @@ collector callback (JAX registers one) it is printed as "Exception ignored"
 and lost, so the run went on and released its output; and unwinding it while
 pyarrow's reader and XLA's threads were still running ended, at interpreter
 exit, in a segmentation fault. Instead, :func:`stop` removes the temporary
-outputs and directories registered here (:func:`rpwjax.io.atomic_outputs`
+outputs and directories registered here (:func:`rpwjax.io.atomic.atomic_outputs`
 registers each as it creates it), writes one line on stderr and ends the
 process with ``os._exit`` (130 for SIGINT, 143 for SIGTERM), skipping an
 interpreter teardown that could crash.

@@ -259,3 +259,25 @@ def status_line(path, record: dict, status: dict) -> str | None:
             f"epsilon {status['epsilon_total']:g}"
             + (f", delta {status['delta_total']:g}" if status["delta_total"] else "")
             + f" in {status['previous_releases'] + 1} releases (basic composition)")
+
+
+def report_lines(ledger=None, key_file=None, *, as_json: bool = False) -> list[str]:
+    """Each (input, label column) of a ledger: its releases and the total epsilon and delta, as lines to print
+    (``as_json``: one JSON object per line)."""
+    if key_file is not None and ledger is not None:
+        raise InputError("give either --key-file (its ledger lies beside it) or --ledger FILE, not both")
+    path = ledger_path(ledger, key_file)
+    if not path.exists():
+        raise InputError(f"ledger {str(path)!r} does not exist: no release has been recorded there")
+    groups = summaries(read(path))
+    if as_json:
+        return [json.dumps(g, sort_keys=True) for g in groups]
+    lines = [f"ledger {path}: {len(groups)} inputs"]
+    for g in groups:
+        delta = f", delta {g['delta_total']:g}" if g["delta_total"] else ""
+        lines.append(f"\n{g['input']} (label {g['label_column']!r}, sha256 {g['input_sha256'][:12]}...): "
+                     f"epsilon {g['epsilon_total']:g}{delta} in {len(g['releases'])} releases (basic composition)")
+        for r in g["releases"]:
+            lines.append(f"  {r['time']}  {r['command']:<15} {r['mechanism'] or '':<12} epsilon {r['epsilon']:<8g} "
+                         f"rows {r['rows']} from {r['row_offset']}  release {r['release_id']}")
+    return lines

@@ -444,6 +444,26 @@ def debias_record(params: RPWithPrior) -> dict:
             "range": [(r_lo - b) / a, (r_hi - b) / a]}
 
 
+DEBIAS_REFUSALS = {
+    "laplace": "it adds zero-mean noise to clip(y, lo, hi), so its release is already unbiased for the clipped label "
+               "(up to the public clamp of its output range): there is nothing to debias",
+    "gaussian": "it adds zero-mean noise to clip(y, lo, hi), so its release is already unbiased for the clipped label "
+                "(up to the public clamp of its output range): there is nothing to debias",
+    "staircase": "it adds zero-mean noise to clip(y, lo, hi), so its release is already unbiased for the clipped "
+                 "label (up to the public clamp of its output range): there is nothing to debias",
+    "unbiased": "its release is unbiased for the label by construction: there is nothing to debias",
+    "rr-on-bins": "it has no closed-form debiasing: its outputs are the bins' representatives, so E[released | y] "
+                  "depends on y only through its bin",
+}
+
+
+def check_debias(mechanism: str):
+    """``--denoise debias`` is RPWithPrior's (y~ - b)/a; every other mechanism is refused, saying why."""
+    if mechanism != "rpwithprior":
+        raise InputError(f"--denoise debias applies to --mechanism rpwithprior only, got {mechanism}: "
+                         f"{DEBIAS_REFUSALS[mechanism]}")
+
+
 def posterior_mean(params: Mechanism, prior: Prior, y_tilde) -> np.ndarray:
     """E[Y | Ỹ = ỹ] for each ỹ (float64), under ``prior``; ``params`` unbatched."""
     if params.batch_shape != ():

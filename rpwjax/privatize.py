@@ -24,16 +24,23 @@ and appended just before the outputs appear.
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 
-from rpwjax import certify, io, ledger
-from rpwjax.api import load_params, prior_from_record
-from rpwjax.audit.verify import PUBLIC_PRIOR_KINDS, verified_release
+from rpwjax import certify, ledger
+from rpwjax.api import FitOptions, load_params, prior_from_record, records_total
+from rpwjax.audit.verify import PUBLIC_PRIOR_KINDS, check_record, verified_release
 from rpwjax.mechanisms.base import Mechanism
-from rpwjax.errors import InputError, check_integer, check_label_rows
+from rpwjax.errors import InputError, check_integer, check_label_rows, check_range
+from rpwjax.io import writers
+from rpwjax.io.atomic import atomic_outputs, check_outputs, read_json, write_json
+from rpwjax.io.csv_types import csv_column_types
+from rpwjax.io.source import MAX_CHUNK_ROWS, MAX_GLOBAL_ROWS, TableSource, file_kind, progress_bar, read_labels
 from rpwjax.keys import (Secret, canonical_json, check_release_id, check_secret, default_release_id, key_fingerprint,
-                         secret_record)
+                         resolve_secret, secret_record)
+from rpwjax.ledger import file_sha256, ledger_path
+from rpwjax.posterior import check_debias, debias, debias_record, posterior_mean
 from rpwjax.release_path import release, sidecar_fields
 from rpwjax.sampling import spec
 
@@ -88,7 +95,7 @@ class ReleaseRun:
             raise InputError("a command's release starts from the unbound secret (a key file or OS entropy)")
         self.budget = ledger.check_budget(budget)
         # the release's identity: a --params release keys on the parameters alone (release() adds their digest),
-        # as the Python privatize_file and the Dask path do, so the three give the same labels for one release id
+        # as release_file and the Dask path do, so the three give the same labels for one release id
         identity = dict(command=command, label_column=label_column,
                         settings=settings if identity_settings == "same" else identity_settings)
         source = ledger.input_record(input_path, what)
@@ -153,20 +160,20 @@ def output_fields(params: Mechanism, postprocess_range=None) -> dict:
 
 
 def check_chunk_rows(chunk_rows) -> int:
-    """``chunk_rows`` as an int in [1, :data:`rpwjax.io.MAX_CHUNK_ROWS`]."""
-    return check_integer(chunk_rows, "chunk_rows", 1, io.MAX_CHUNK_ROWS, flag="--chunk-rows")
+    """``chunk_rows`` as an int in [1, :data:`rpwjax.io.source.MAX_CHUNK_ROWS`]."""
+    return check_integer(chunk_rows, "chunk_rows", 1, MAX_CHUNK_ROWS, flag="--chunk-rows")
 
 
 def check_row_offset(row_offset, rows: int = 0) -> int:
     """``row_offset`` as an int with every global row index ``row_offset + i`` (i < rows) below 2^63."""
-    row_offset = check_integer(row_offset, "row_offset", 0, io.MAX_GLOBAL_ROWS - 1, flag="--row-offset")
-    if int(row_offset) + rows > io.MAX_GLOBAL_ROWS:
+    row_offset = check_integer(row_offset, "row_offset", 0, MAX_GLOBAL_ROWS - 1, flag="--row-offset")
+    if int(row_offset) + rows > MAX_GLOBAL_ROWS:
         raise InputError(f"row_offset (--row-offset) {int(row_offset)} plus {rows} rows passes the last global row "
                          f"index 2^63 - 1: row indices never wrap, so give a smaller offset")
     return int(row_offset)
 
 
-def privatize_file(
+def release_file(
     input_path,
     output_path,
     *,
@@ -185,7 +192,11 @@ def privatize_file(
     release_id: str | None = None,
     before_commit=None,
 ) -> dict:
-    """Stream ``input_path`` to ``output_path`` with the label column privatized.
+    """Stream ``input_path`` to ``output_path`` with the label column released with given ``params``.
+
+    The streaming half of :func:`privatize_file`, which decides the
+    parameters (a fit, or a verified params file), the denoising and the
+    ledger record, and calls this.
 
     Every column is kept in order; the label column is replaced by float64
     released labels (:func:`rpwjax.release_path.release` with :func:`release_secret` of ``secret``, e.g.
@@ -211,8 +222,8 @@ def privatize_file(
     """
     from pathlib import Path
 
-    out_kind = io.file_kind(output_path, what="output file")
-    io.file_kind(input_path, what="input file")
+    out_kind = file_kind(output_path, what="output file")
+    file_kind(input_path, what="input file")
     key = release_secret(secret, release_id, label_column=label_column)
     if postprocess is not None and postprocess_range is None:
         raise InputError("postprocess needs postprocess_range, the public interval its values lie in")
@@ -221,7 +232,7 @@ def privatize_file(
     if Path(input_path).resolve() == Path(output_path).resolve() or (
             Path(output_path).is_file() and Path(input_path).is_file() and Path(input_path).samefile(output_path)):
         raise InputError(f"output must differ from input, got {str(output_path)!r} for both")
-    source = io.TableSource(input_path, label_column, encoding=encoding)
+    source = TableSource(input_path, label_column, encoding=encoding)
     total = source.num_rows if source.kind == ".parquet" else None
     if total is not None:
         check_row_offset(row_offset, total)
@@ -235,9 +246,9 @@ def privatize_file(
         if clip:
             y = np.clip(y, params.lo, params.hi)  # what every mechanism does first: no privacy cost
         start = row_offset + first - 1
-        if start + y.size > io.MAX_GLOBAL_ROWS:
+        if start + y.size > MAX_GLOBAL_ROWS:
             raise InputError(f"row_offset (--row-offset) {row_offset} plus the rows of {str(input_path)!r} passes the "
-                             f"last global row index 2^63 - 1 at {source.where(io.MAX_GLOBAL_ROWS - row_offset + 1)}")
+                             f"last global row index 2^63 - 1 at {source.where(MAX_GLOBAL_ROWS - row_offset + 1)}")
         noisy = release(params, key, y, start=start, output_spec=output_spec)
         if postprocess is not None:
             noisy = np.clip(np.asarray(postprocess(noisy), dtype=np.float64), *postprocess_range)
@@ -246,10 +257,10 @@ def privatize_file(
     types = None
     if source.kind != ".parquet" and out_kind == ".parquet":  # a pass of its own: each column's type from all values
         types = _with_bar(source, "column types", progress,
-                          lambda bar: io.csv_column_types(source, chunk_rows=chunk_rows, bar=bar))
-    with io.atomic_outputs(output_path, sidecar_path) as (tmp, tmp_json):
+                          lambda bar: csv_column_types(source, chunk_rows=chunk_rows, bar=bar))
+    with atomic_outputs(output_path, sidecar_path) as (tmp, tmp_json):
         rows = _with_bar(source, "privatize", progress,
-                         lambda bar: io.copy_with_labels(source, tmp, out_kind, released, chunk_rows=chunk_rows,
+                         lambda bar: writers.copy_with_labels(source, tmp, out_kind, released, chunk_rows=chunk_rows,
                                                          bar=bar, types=types))
         if rows == 0:
             raise InputError(f"input file {str(input_path)!r} has no rows")
@@ -265,8 +276,8 @@ def privatize_file(
 
 
 def _with_bar(source, desc: str, progress: bool, work):
-    """``work(bar)`` under a progress bar over one pass of ``source`` (:func:`rpwjax.io.progress_bar`)."""
-    with io.progress_bar(source, desc, enabled=progress) as bar:
+    """``work(bar)`` under a progress bar over one pass of ``source`` (:func:`rpwjax.io.source.progress_bar`)."""
+    with progress_bar(source, desc, enabled=progress) as bar:
         return work(bar)
 
 
@@ -285,7 +296,7 @@ def load_release_params(path, *, prior_is_public: bool = False, range=None):
     the file's is refused. ``prior`` is the saved histogram (None when none
     was saved).
     """
-    _, record = load_params(io.read_json(path))
+    _, record = load_params(read_json(path))
     params, record, verified = verified_release(record, name=str(path))
     record = dict(record, verified=verified)
     prior = prior_from_record(record)
@@ -303,3 +314,236 @@ def load_release_params(path, *, prior_is_public: bool = False, range=None):
         raise InputError(f"--prior-is-public does nothing here: params file {str(path)!r} was fitted on "
                          f"prior.kind={kind!r}, not on an empirical prior or an unaccounted histogram")
     return params, record, prior
+
+
+def _warn(report, message: str):
+    """A warning: through ``report`` (a line printer, e.g. the command line's) when given, else :mod:`warnings`."""
+    if report is None:
+        warnings.warn(message, stacklevel=4)  # at the caller of the public function
+    else:
+        report(f"warning: {message}")
+
+
+def open_release(*, command: str, input_path, label_column, settings: dict, key_file=None, seed=None,
+                 secret: Secret | None = None, release_id=None, ledger_file=None, budget=None, row_offset: int = 0,
+                 what: str = "input file", identity_settings="same", report=None) -> ReleaseRun:
+    """A command's :class:`ReleaseRun`: the secret (``secret``, else :func:`rpwjax.keys.resolve_secret` of
+    ``key_file`` or the experiments-only ``seed``, which is never unnoticed: it warns) bound to a release id."""
+    if secret is None:
+        secret = resolve_secret(key_file, seed)
+        if seed is not None:  # the sidecar says so too
+            _warn(report, f"reproducible seed: not for production (--seed {seed} is for experiments; a release "
+                          "takes --key-file or fresh OS entropy)")
+    return ReleaseRun(secret=secret, command=command, input_path=input_path, label_column=label_column,
+                      settings=settings, release_id=release_id, row_offset=row_offset, ledger_file=ledger_file,
+                      key_file=key_file, budget=budget, what=what, identity_settings=identity_settings)
+
+
+def _seed_fields(secret: Secret) -> dict:
+    return {"reproducible_seed": True, "seed_note": "integer seed: not for production"} if secret.reproducible else {}
+
+
+def fit_file(labels_path, options: FitOptions, *, label_column=None, encoding=None, save=None,
+             publish: bool = False, overwrite: bool = False, prior_is_public: bool = False, key_file=None, seed=None,
+             release_id=None, ledger_file=None, budget=None, report=None) -> tuple[list[dict], str | None]:
+    """Fit ``options`` (one or more epsilons) to a label file: ``(records, ledger line)``.
+
+    What leaves the fit (its private histograms) is recorded in the ledger.
+    ``save`` writes the one fit (checked as privatize checks a params file);
+    ``publish`` says the records are printed as JSON. Either publishes
+    functions of the raw labels under an empirical prior, so that is refused
+    unless ``prior_is_public``. ``report`` prints a warning line.
+    """
+    options.check(spend_prior=False)
+    if options.prior == "empirical" and (save or publish) and not prior_is_public:
+        output = " and ".join(flag for flag, given in (("--save", save), ("--json", publish)) if given)
+        raise InputError(
+            f"--prior empirical with {output} publishes functions of the raw labels (the parameters and label_mse "
+            "under their empirical distribution): private only if that prior is public. Say so with "
+            "--prior-is-public, or use --prior private (the default)")
+    if prior_is_public and options.prior != "empirical":
+        raise InputError("--prior-is-public does nothing without --prior empirical")
+    if save:  # before the labels are read
+        check_outputs([save], overwrite=overwrite, inputs=[labels_path, key_file, ledger_path(ledger_file, key_file)])
+    elif overwrite:
+        raise InputError("--overwrite does nothing without --save (fit writes no other file)")
+    lo, hi = check_range(*options.range)
+    run = open_release(command="fit", input_path=labels_path, label_column=label_column, settings=options.settings(),
+                       key_file=key_file, seed=seed, release_id=release_id, ledger_file=ledger_file, budget=budget,
+                       what="labels file", report=report)
+    labels = read_labels(labels_path, label_column, encoding=encoding, check=(lo, hi, options.clip))
+    epsilon = options.epsilon
+    epsilon = epsilon[0] if not np.isscalar(epsilon) and len(epsilon) == 1 else epsilon
+    records = options.fit(labels, epsilon, run.secret.child("fit")).records()
+    # what leaves a fit is its private histogram(s): epsilon_1 per epsilon, spent on these labels
+    run.start(sum(float(r["epsilon_prior"]) for r in records), mechanism=options.mechanism)
+    for r in records:
+        r.update(_seed_fields(run.secret), release_id=run.release_id)
+    if len(records) > 1:
+        total = records_total(records)
+        for r in records:
+            r["all_records"] = total
+    if save:
+        if len(records) != 1:
+            raise InputError(f"--save writes exactly one fit: give one --epsilon, got {len(records)}")
+        # parameters privatize would refuse are not saved: the same checks privatize runs on a params file
+        problems = check_record(records[0], stop_early=True)[1]["problems"]
+        if problems:
+            raise InputError(f"--save: these parameters cannot be released: {problems[0]}")
+    run.finish(labels.size)
+    if save:
+        write_json(save, records[0])
+    return records, run.line
+
+
+def privatize_file(
+    input_path,
+    output_path,
+    *,
+    label_column: str,
+    params=None,
+    mechanism: str | None = None,
+    epsilon: float | None = None,
+    range=None,
+    zeta=None,
+    objective: str | None = None,
+    prior: str | None = None,
+    prior_epsilon: float | None = None,
+    bins: int | None = None,
+    delta: float | None = None,
+    calibration: str | None = None,
+    clip: bool = False,
+    prior_is_public: bool = False,
+    denoise: str = "none",
+    secret: Secret | None = None,
+    key_file=None,
+    seed: int | None = None,
+    release_id: str | None = None,
+    ledger=None,
+    budget: float | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    row_offset: int = 0,
+    encoding: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    report=None,
+) -> dict:
+    """Privatize the label column of a CSV or Parquet file: what ``rpwjax privatize`` does, from Python.
+
+    The parameters come either from ``params``, a params file (``rpwjax fit
+    --save``, verified: :func:`load_release_params`), or from a fit of the
+    file's own labels (``mechanism``, ``epsilon`` and the public ``range``,
+    with the fit options of :func:`rpwjax.fit`). A prior that is a function
+    of the raw labels (``prior="empirical"``, or a params file fitted on one)
+    is refused unless ``prior_is_public``. ``denoise`` is ``"none"``,
+    ``"posterior"`` (E[Y | private label] under the fit's prior) or
+    ``"debias"`` (RPWithPrior only), both post-processing. The secret is
+    ``secret``, else ``key_file``, else fresh OS entropy (``seed``: an
+    integer seed, experiments only). The release is recorded in the ledger
+    (``ledger``, default beside ``key_file``; ``budget`` refuses a release
+    that would take the input's total epsilon past it) before OUTPUT and
+    OUTPUT.json appear; neither replaces an existing file unless
+    ``overwrite``. Returns the sidecar (OUTPUT.json). ``report``, a line
+    printer, gets warnings and the ledger's status line.
+    """
+    options = FitOptions(mechanism=mechanism, epsilon=epsilon, range=range, zeta=zeta, objective=objective,
+                         prior=prior, prior_epsilon=prior_epsilon, bins=bins, delta=delta, calibration=calibration,
+                         clip=clip)
+    check_chunk_rows(chunk_rows)
+    check_row_offset(row_offset)
+    file_kind(input_path, what="input file")
+    file_kind(output_path, what="output file")
+    # the output and its sidecar, before anything is read or fitted (the ledger too: it is appended, never replaced)
+    check_outputs([output_path, str(output_path) + ".json"], overwrite=overwrite,
+                  inputs=[input_path, params, key_file, ledger_path(ledger, key_file)])
+    if range is not None:
+        check_range(*range)  # before it joins the release's identity
+    # post-processing is not part of a release's identity (one release may be written raw and denoised), except
+    # posterior denoising of an inline fit, which makes a prior-free mechanism's fit spend epsilon_1 on a histogram
+    settings = dict(options.settings(), spend_prior=denoise == "posterior" and not params,
+                    params=None if not params else file_sha256(params, "params file"))
+    run = open_release(command="privatize", input_path=input_path, label_column=label_column, settings=settings,
+                       key_file=key_file, seed=seed, secret=secret, release_id=release_id, ledger_file=ledger,
+                       budget=budget, row_offset=row_offset, identity_settings=None if params else "same",
+                       report=report)
+    if denoise == "debias" and mechanism is not None:
+        check_debias(mechanism)  # before any fit
+    if params:
+        params, record, fit_prior = _params_release(params, options, run, prior_is_public)
+    else:
+        params, record, fit_prior = _inline_release(input_path, options, run, prior_is_public, denoise,
+                                                    label_column=label_column, encoding=encoding, progress=progress)
+    record, post = _postprocess(params, record, fit_prior, denoise)
+    if record.get("prior", {}).get("kind") in ("empirical", "histogram"):  # no accounted release behind the prior
+        record = dict(record, prior_is_public="asserted by the user (--prior-is-public): the guarantee holds only if "
+                                              "the prior is public")
+    # the release draws from secret.child("release"); an inline fit from secret.child("fit")
+    sidecar = release_file(input_path, output_path, label_column=label_column, params=params, secret=run.secret,
+                           record=record, chunk_rows=chunk_rows, clip=clip, progress=progress, row_offset=row_offset,
+                           encoding=encoding, before_commit=run.finish, **post)
+    if run.line and report is not None:
+        report(run.line)
+    return sidecar
+
+
+def _params_release(path, options: FitOptions, run: ReleaseRun, prior_is_public: bool):
+    """``(params, record, prior)`` of a params file, verified (:func:`load_release_params`); the run started."""
+    if options.mechanism is not None or options.epsilon is not None:
+        raise InputError("give either --params or fit options (--mechanism/--epsilon), not both")
+    for flag in ("zeta", "objective", "prior", "prior_epsilon", "bins", "delta", "calibration"):
+        if getattr(options, flag) is not None:
+            raise InputError(f"--{flag.replace('_', '-')} {getattr(options, flag)} does nothing with --params: the "
+                             "params file fixes the fit (refit with `rpwjax fit` to change it)")
+    params, record, prior = load_release_params(path, prior_is_public=prior_is_public, range=options.range)
+    # the labels of this file pay epsilon_2; the fit's histogram is in the ledger under the fit's input
+    run.start(float(record["epsilon_mechanism"]), float(record.get("delta") or 0.0), mechanism=record["mechanism"],
+              params_release_id=record.get("release_id"))
+    return params, record, prior
+
+
+def _inline_release(input_path, options: FitOptions, run: ReleaseRun, prior_is_public: bool, denoise: str, *,
+                    label_column, encoding, progress: bool):
+    """``(params, record, prior)`` of a fit of the file's own labels; the run started."""
+    if options.mechanism is None or options.epsilon is None:
+        raise InputError("privatize needs --params PARAMS.json, or --mechanism and --epsilon to fit")
+    if options.range is None:
+        raise InputError("--range LO HI is required to fit: the label range is public input")
+    options.check(spend_prior=denoise == "posterior")
+    if options.prior == "empirical" and not prior_is_public:
+        raise InputError(
+            "--prior empirical makes the parameters functions of the raw labels: the release is private only if "
+            "that prior is public. Say so with --prior-is-public, or use --prior private (the default)")
+    if prior_is_public and options.prior != "empirical":
+        raise InputError("--prior-is-public does nothing without --prior empirical")
+    lo, hi = check_range(*options.range)
+    run.start(float(options.epsilon), mechanism=options.mechanism)  # delta (Gaussian) is the fit's, set below
+    source = TableSource(input_path, label_column, encoding=encoding)
+    with progress_bar(source, "read labels", enabled=progress) as bar:
+        labels = read_labels(input_path, label_column, encoding=encoding, check=(lo, hi, options.clip), bar=bar)
+    # the histogram noise (if any) and the release draw from independent keys derived from the secret
+    result = options.fit(labels, options.epsilon, run.secret.child("fit"), spend_prior=denoise == "posterior")
+    record = result.records()[0]
+    run.record["delta"] = float(record["delta"])
+    return result.params, record, result.prior_for(0)
+
+
+def _postprocess(params: Mechanism, record: dict, prior, denoise: str) -> tuple[dict, dict]:
+    """The record and :func:`release_file`'s post-processing arguments for ``denoise``."""
+    if denoise == "debias":
+        check_debias(params.name)
+        coefficients = debias_record(params)
+        return dict(record, debias=coefficients), dict(postprocess=lambda noisy: debias(params, noisy),
+                                                       postprocess_name="debias",
+                                                       postprocess_range=coefficients["range"])
+    if denoise == "posterior":
+        if prior is None:
+            raise InputError(
+                "--denoise posterior needs the prior the fit used: a params file saves it only for a private "
+                "histogram (fit with --prior private; for laplace, gaussian and staircase privatize without "
+                "--params, which then spends epsilon_1 on the histogram), or privatize without --params to fit inline"
+            )
+        posterior_mean(params, prior, [params.lo])  # fail before any output if this pair has no posterior
+        # a posterior mean lies in the range
+        return record, dict(postprocess=lambda noisy: posterior_mean(params, prior, noisy),
+                            postprocess_name="posterior-mean", postprocess_range=(params.lo, params.hi))
+    return record, {}

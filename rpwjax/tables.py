@@ -13,7 +13,7 @@ Which columns are features (:func:`choose_features`) is decided on purpose:
   other than the label, except the columns that look like identifiers or
   codes rather than quantities: text with leading zeros (``02134``: a zip
   code; CSV only, such a column is read as text,
-  :class:`rpwjax.io.TextColumnType`), numbers too long for float64 (more than
+  :class:`rpwjax.io.csv_types.TextColumnType`), numbers too long for float64 (more than
   17 significant digits in CSV text, integers beyond 2^53), and integer
   columns whose values are all distinct (ids; from :data:`ID_MIN_ROWS` rows
   on, below which any column may be). Text and other types are not used.
@@ -38,12 +38,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rpwjax.errors import InputError, one_line, show_value
-from rpwjax.io import (TableSource, _check_exists, file_kind, is_number_type, progress_bar, read_csv_table,
-                       typed_text)
+from rpwjax.io.csv_types import read_csv_table, typed_text
+from rpwjax.io.source import TableSource, check_exists, file_kind, is_number_type, progress_bar
 
 ID_MIN_ROWS = 10  # an integer column whose values are all distinct is an id from this many rows on
 MAX_EXACT_INTEGER = 2**53  # float64 holds every integer up to this exactly
-TEXT_REASON = "rpwjax_text_reason"  # field metadata of a CSV column kept as text (rpwjax.io.TextColumnType)
+TEXT_REASON = "rpwjax_text_reason"  # field metadata of a CSV column kept as text (rpwjax.io.csv_types.TextColumnType)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,9 +253,9 @@ def choose_features(table: pa.Table, label_column: str, *, features=None, exclud
 
 def read_table(path, *, encoding=None, bar=None) -> pa.Table:
     """A whole CSV or Parquet table (the same suffix rules as every other input); CSV columns typed from ALL their
-    values (:func:`rpwjax.io.read_csv_table`)."""
+    values (:func:`rpwjax.io.csv_types.read_csv_table`)."""
     kind = file_kind(path, what="input file")
-    _check_exists(path)
+    check_exists(path)
     if kind == ".csv":
         return read_csv_table(path, encoding=encoding, bar=bar)
     if encoding is not None:

@@ -499,8 +499,8 @@ def _assert_realized_within(params, output_spec):
 
 
 def test_inline_privatize_on_a_range_far_from_zero_is_certified(tmp_path, capsys, monkeypatch):
-    from rpwjax import io
     from rpwjax.api import load_params
+    from rpwjax.io.atomic import read_json
 
     src = _big_table(tmp_path / "big.csv")
     out = tmp_path / "o.csv"
@@ -510,7 +510,7 @@ def test_inline_privatize_on_a_range_far_from_zero_is_certified(tmp_path, capsys
         err = capsys.readouterr().err
         assert code == 2 and "cannot be certified" in err and not out.exists()
         return
-    params, record = load_params(io.read_json(str(out) + ".json"))
+    params, record = load_params(read_json(str(out) + ".json"))
     assert record["epsilon_mechanism"] == pytest.approx(0.9)
     _assert_realized_within(params, None)
 

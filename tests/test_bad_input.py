@@ -266,17 +266,17 @@ def test_a_failed_run_leaves_an_existing_output_pair_untouched(shared, tmp_path,
 
 @pytest.mark.parametrize("number", [errno.ENOSPC, errno.EDQUOT])
 def test_a_full_disk_names_the_output_and_leaves_nothing(shared, tmp_path, capsys, monkeypatch, number):
-    from rpwjax import io
+    from rpwjax.io import writers
 
     src = tmp_path / "in.csv"
     src.write_bytes(b"id,y\n1,0.5\n")
-    real = io.copy_with_labels
+    real = writers.copy_with_labels
 
     def full(source, path, *args, **kwargs):  # the disk fills up while the output is written
         real(source, path, *args, **kwargs)
         raise OSError(number, os.strerror(number))
 
-    monkeypatch.setattr(io, "copy_with_labels", full)
+    monkeypatch.setattr(writers, "copy_with_labels", full)
     code, _, err = run(["privatize", src, "-o", tmp_path / "out" / "o.csv", "--label-column", "y", "--params",
                         shared / "p.json", "--quiet"], capsys)
     assert code == 1 and err.count("\n") == 1, err
@@ -348,12 +348,13 @@ def test_nothing_is_overwritten_unless_asked_and_a_key_file_never(shared, tmp_pa
 
 
 def test_the_library_never_replaces_a_key_file_either(tmp_path):
-    from rpwjax import InputError, io
+    from rpwjax import InputError
+    from rpwjax.io.atomic import write_json
 
     key = tmp_path / "k.json"
     key.write_bytes(KEY_TEXT)
     with pytest.raises(InputError, match="it is a key file"):
-        io.write_json(key, {"params": 1})
+        write_json(key, {"params": 1})
     assert key.read_bytes() == KEY_TEXT and listing(tmp_path) == ["k.json"]
 
 

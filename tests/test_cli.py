@@ -446,7 +446,8 @@ def test_csv_into_parquet_writes_numbers_as_numbers_and_text_as_text(files, tmp_
 
 
 def test_column_types_do_not_depend_on_the_chunks(tmp_path):
-    from rpwjax.io import TableSource, csv_column_types, read_csv_table
+    from rpwjax.io.csv_types import csv_column_types, read_csv_table
+    from rpwjax.io.source import TableSource
 
     rows = ["a,b,c,d,y"] + [f"{i},{i}.5,{'x' if i == 997 else i},{'007' if i == 998 else i},0.5" for i in range(1000)]
     src = tmp_path / "t.csv"

@@ -13,7 +13,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from rpwjax import cli, io
+from rpwjax import cli
+from rpwjax.io import raw_csv, source as table_source
 from helpers import csv_rows, fixed_key, run, slow_unless, without_field
 
 ROWS = 50_000_000
@@ -243,7 +244,7 @@ def _many_rows(n=400):
 
 @pytest.mark.parametrize("chunk", [7, 1000])
 def test_a_csv_of_many_read_blocks_round_trips_for_any_chunk_size(fitted, tmp_path, capsys, monkeypatch, chunk):
-    monkeypatch.setattr(io, "CSV_BLOCK_BYTES", 1024)
+    monkeypatch.setattr(table_source, "CSV_BLOCK_BYTES", 1024)
     data = _many_rows()
     assert len(data) > 10 * 1024
     src = tmp_path / "in.csv"
@@ -256,8 +257,8 @@ def test_a_csv_of_many_read_blocks_round_trips_for_any_chunk_size(fitted, tmp_pa
 
 
 def test_a_row_longer_than_the_largest_read_block_is_refused(fitted, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(io, "CSV_BLOCK_BYTES", 1024)
-    monkeypatch.setattr(io, "CSV_MAX_BLOCK_BYTES", 4096)
+    monkeypatch.setattr(table_source, "CSV_BLOCK_BYTES", 1024)
+    monkeypatch.setattr(table_source, "CSV_MAX_BLOCK_BYTES", 4096)
     src = tmp_path / "in.csv"
     src.write_bytes(b"id,note,y\n" + b"".join(b"%d,n,0.5\n" % i for i in range(300)) + b"300," + b"x" * 20000
                     + b",0.5\n301,n,0.5\n")
@@ -290,10 +291,10 @@ def test_the_tokenizer_cuts_rows_and_fields_as_pyarrow_does(tmp_path, monkeypatc
         assert [list(r.values()) for r in table.to_pylist()] == [values for _, _, values in reference], data
         path.write_bytes(data)
         label = trial % ncols
-        monkeypatch.setattr(io, "CSV_BLOCK_BYTES", 1 << 22)
-        source = io.TableSource(path, f"h{label}")
-        monkeypatch.setattr(io, "CSV_BLOCK_BYTES", 1 + trial % 5)  # the tokenizer reads in tiny pieces
-        rows = io.RawCsvRows(source)
+        monkeypatch.setattr(table_source, "CSV_BLOCK_BYTES", 1 << 22)
+        source = table_source.TableSource(path, f"h{label}")
+        monkeypatch.setattr(table_source, "CSV_BLOCK_BYTES", 1 + trial % 5)  # the tokenizer reads in tiny pieces
+        rows = raw_csv.RawCsvRows(source)
         assert rows.ok and rows.header == data[:reference[0][1]], data
         previous = reference[0][1]
         for spans, end, _ in reference[1:]:

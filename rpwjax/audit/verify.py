@@ -82,11 +82,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from rpwjax import certify, io, realized
+from rpwjax import certify, realized
 from rpwjax.api import (FORMAT_VERSION, REFIT_ABSOLUTE, REFIT_TOLERANCE, load_params, one_record, prior_from_record,
                         refit_record)
 from rpwjax.audit import checks
 from rpwjax.errors import InputError, check_integer, show_value
+from rpwjax.io.atomic import read_json
 from rpwjax.mechanisms import entry
 from rpwjax.mechanisms.additive import gaussian_delta
 
@@ -651,7 +652,7 @@ def audit_params_file(path, *, samples: int = checks.DEFAULT_SAMPLES, seed: int 
     samples = check_integer(samples, "samples")
     seed = check_integer(seed, "seed", 0)
     audit_seed = checks.new_audit_seed() if audit_seed is None else check_integer(audit_seed, "audit_seed", 0)
-    params, record = check_record(checks.fit_record(io.read_json(path)))
+    params, record = check_record(checks.fit_record(read_json(path)))
     keys = realized.key_space_check()
     report, broken = None, []
     if params is not None:

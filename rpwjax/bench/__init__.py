@@ -29,14 +29,15 @@ Families and what they measure (sizes per plan in :data:`PLANS`):
   grid, on one large continuous prior.
 * ``fit-support`` (size: support points k): ``fit_rr_on_bins`` and
   ``fit_unbiased`` (whole public fit, one ε).
-* ``privatize`` (size: rows): ``privatize_file`` (RPWithPrior, Parquet in and
-  out, no progress bar) against a plain pyarrow copy of the same file
+* ``privatize`` (size: rows): ``privatize_file``'s streaming half,
+  ``release_file`` (RPWithPrior fitted in setup, Parquet in and out, no
+  progress bar) against a plain pyarrow copy of the same file
   (``ParquetFile.iter_batches`` + ``ParquetWriter``, same chunk size).
 * ``privatize-table`` (size: rows): ``privatize_table(..., pipeline="auto")``
   (what ``rpwjax privatize-table --pipeline auto`` runs: read, every private
   statistic and fit, release, write) at ε = 1 on a generated table of 8
   float64 features whose label in [0, 10] follows a fixed public formula,
-  against ``privatize_file`` (RPWithPrior, fitted in setup as in ``privatize``)
+  against ``release_file`` (RPWithPrior, fitted in setup as in ``privatize``)
   of the same label column, range and ε. The auto record's ``meta`` carries
   the rule's choice (branch, release, Q).
 

@@ -23,7 +23,7 @@ from rpwjax.mechanisms.reference_algorithm1 import algorithm1_interval
 from rpwjax.mechanisms.rpwithprior import fit_rpwithprior
 from rpwjax.pipelines.table import privatize_table
 from rpwjax.priors import empirical_prior, histogram_prior
-from rpwjax.privatize import privatize_file
+from rpwjax.privatize import release_file
 from rpwjax import release_path
 from rpwjax.keys import bound
 from rpwjax.release_path import release
@@ -343,12 +343,13 @@ def _privatize_params(path: str, label_column: str, lo: float, hi: float):
 
 
 def privatize_file_thunk(src, label_column: str, lo: float, hi: float, dst):
-    """Timed call: ``privatize_file`` of ``label_column`` of ``src`` (RPWithPrior, parameters fitted in setup)."""
+    """Timed call: ``release_file`` (the streaming half of ``privatize_file``) of ``label_column`` of ``src``
+    (RPWithPrior, parameters fitted in setup)."""
     params, record = _privatize_params(str(src), label_column, float(lo), float(hi))
     secret = Secret.from_seed(7)
 
     def call():
-        return privatize_file(
+        return release_file(
             src, dst, label_column=label_column, params=params, secret=secret, record=record,
             chunk_rows=PRIVATIZE_CHUNK_ROWS, progress=False,
         )

@@ -18,9 +18,11 @@ import pyarrow
 from matplotlib.figure import Figure
 from tqdm.auto import tqdm
 
-from rpwjax.bench.plans import Plan, SAMPLER_SUPPORT, SCHEMA_VERSION, SEARCH_EPSILON, SEARCH_ZETA_FRACTION, TARGETS
+from rpwjax.bench.plans import FAMILIES, PLANS, Plan, SAMPLER_SUPPORT, SCHEMA_VERSION, SEARCH_EPSILON, SEARCH_ZETA_FRACTION, TARGETS
 from rpwjax.bench.cases import build_groups, cleanup_outputs, clear_caches, default_cache_dir
 from rpwjax.bench.timing import time_group
+from rpwjax.errors import InputError, check_integer
+from rpwjax.io.atomic import check_outputs
 
 # --------------------------------------------------------------------------- targets
 
@@ -131,6 +133,21 @@ def plot_results(cases: list[dict], out_dir) -> list[str]:
         fig.savefig(out_dir / name, dpi=110)
         written.append(name)
     return written
+
+
+def run_bench(plan_name: str, out_dir, *, cache_dir=None, families=None, repeats=None, plots: bool = True,
+              progress: bool = True, overwrite: bool = False) -> dict:
+    """What ``rpwjax bench`` runs: :func:`run_plan` of the plan named ``plan_name``, its outputs (results.json
+    and a plot per family) refused over an earlier run's unless ``overwrite``, before any case runs."""
+    if repeats is not None:
+        check_integer(repeats, "--repeats")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {str(out)!r} is a file: give a directory")
+    figures = [out / f"{family}.png" for family in (families or FAMILIES)] if plots else []
+    check_outputs([out / "results.json", *figures], overwrite=overwrite)
+    return run_plan(PLANS[plan_name], out_dir, cache_dir=cache_dir, families=families, repeats=repeats, plots=plots,
+                    progress=progress)
 
 
 def run_plan(plan: Plan, out_dir, *, cache_dir=None, families=None, repeats=None, plots=True,

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 from rpwjax import api
 from rpwjax.experiments.datasets import Split
 from rpwjax.errors import InputError, check_epsilon, check_integer
-from rpwjax.io import atomic_path
+from rpwjax.io.atomic import atomic_path
 from rpwjax.keys import Secret
 from rpwjax.pipelines import PIPELINES
 from rpwjax.pipelines.two_stage import TwoStageRun, train_runs

@@ -6,7 +6,7 @@ chosen (:func:`rpwjax.tables.choose_features`: ``features``/``exclude``, or
 the numeric columns that do not look like identifiers; missing values
 filled) and standardized with their own statistics (features are public
 under label-DP), the pipeline of the registry runs once, and the output keeps
-every other column as it came in (:func:`rpwjax.io.copy_with_labels`; CSV
+every other column as it came in (:func:`rpwjax.io.writers.copy_with_labels`; CSV
 into Parquet: each column as the type of all its values); the sidecar
 ``OUTPUT.json`` carries the accounting and the feature choice. Nothing is
 written unless the whole run succeeds.
@@ -22,11 +22,14 @@ import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from rpwjax import io
+from rpwjax.io.atomic import atomic_outputs, check_outputs
+from rpwjax.io.source import TableSource, file_kind, progress_bar, read_labels
+from rpwjax.io.writers import copy_with_labels
 from rpwjax.errors import InputError, check_epsilon, check_integer, check_range
 from rpwjax.keys import Secret, secret_record
 from rpwjax.pipelines import pipeline as lookup
-from rpwjax.privatize import bind_release
+from rpwjax.ledger import ledger_path
+from rpwjax.privatize import bind_release, open_release
 from rpwjax.tables import read_feature_table
 
 DEFAULT_EPOCHS = 50
@@ -119,8 +122,8 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
     secret = bind_release(secret, release_id, command="privatize-table", label_column=label_column,
                           settings={"pipeline": pipeline, "epsilon": eps, "range": [lo, hi], "epochs": epochs,
                                     "clip": clip})
-    kind = io.file_kind(output_path, what="output file")
-    io.file_kind(input_path, what="input file")
+    kind = file_kind(output_path, what="output file")
+    file_kind(input_path, what="input file")
     if Path(input_path).resolve() == Path(output_path).resolve():
         raise InputError(f"output must not overwrite the input, got {str(output_path)!r}")
     if epochs is not None and not row.trains_models:
@@ -128,11 +131,11 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
                          "model; the two-stage pipelines do)")
     epochs = DEFAULT_EPOCHS if epochs is None else epochs
     epochs = check_integer(epochs, "epochs")
-    source = io.TableSource(input_path, label_column, encoding=encoding)
+    source = TableSource(input_path, label_column, encoding=encoding)
     steps = _Steps(4, progress)
     # every label checked first, so that errors name the data row and line
-    with io.progress_bar(source, steps.desc("read labels"), enabled=progress) as bar:
-        y = io.read_labels(input_path, label_column, encoding=encoding, check=(lo, hi, clip), bar=bar)
+    with progress_bar(source, steps.desc("read labels"), enabled=progress) as bar:
+        y = read_labels(input_path, label_column, encoding=encoding, check=(lo, hi, clip), bar=bar)
     if clip:
         y = np.clip(y, lo, hi)  # what every mechanism does first: no privacy cost
     table = read_feature_table(input_path, label_column, encoding=encoding, features=features, exclude=exclude,
@@ -164,9 +167,9 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
                                   default=lambda v: v.item() if hasattr(v, "item") else str(v)) + "\n"
     dump(sidecar)  # fail before writing
     out = Path(output_path)
-    with io.atomic_outputs(out, out.with_name(out.name + ".json")) as (tmp, tmp_json):
-        with io.progress_bar(source, steps.desc("write"), enabled=progress) as bar:
-            rows = io.copy_with_labels(source, tmp, kind, lambda first, part: labels[first - 1: first - 1 + part.size],
+    with atomic_outputs(out, out.with_name(out.name + ".json")) as (tmp, tmp_json):
+        with progress_bar(source, steps.desc("write"), enabled=progress) as bar:
+            rows = copy_with_labels(source, tmp, kind, lambda first, part: labels[first - 1: first - 1 + part.size],
                                        chunk_rows=WRITE_CHUNK_ROWS, bar=bar, types=schema_types)
         if rows != y.size:
             raise InputError(f"{str(input_path)!r} changed while it was read ({y.size} rows, then {rows})")
@@ -179,3 +182,31 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
 def pipeline_steps(row) -> int:
     """How many steps ``row.run`` reports (``auto``: design, statistics, release; the others: one)."""
     return 3 if row.kind == "auto" else 1
+
+
+def privatize_table_file(input_path, output_path, *, label_column: str, range, epsilon: float, pipeline: str = "auto",
+                         epochs: int | None = None, clip: bool = False, features=None, exclude=None, encoding=None,
+                         key_file=None, seed=None, release_id=None, ledger=None, budget=None, overwrite: bool = False,
+                         progress: bool = False, report=None, warn=None) -> tuple[dict, str | None]:
+    """What ``rpwjax privatize-table`` does: :func:`privatize_table` as one recorded release.
+
+    The outputs are checked before any work, the secret comes from
+    ``key_file`` (or the experiments-only ``seed``, which ``warn`` reports),
+    and the release is recorded in the ledger (``budget`` checked) before the
+    outputs appear. Returns the sidecar and the ledger's status line.
+    """
+    check_outputs([output_path, str(output_path) + ".json"], overwrite=overwrite,
+                  inputs=[input_path, key_file, ledger_path(ledger, key_file)])
+    check_range(*range)
+    # the same identity privatize_table binds an unbound secret to, so that the Python call reproduces this release
+    settings = {"pipeline": pipeline, "epsilon": float(epsilon), "range": [float(v) for v in range],
+                "epochs": epochs, "clip": clip}
+    run = open_release(command="privatize-table", input_path=input_path, label_column=label_column,
+                       settings=settings, key_file=key_file, seed=seed, release_id=release_id, ledger_file=ledger,
+                       budget=budget, report=warn)
+    run.start(float(epsilon), pipeline=pipeline)  # a pipeline's delta, if any, is set from its accounting
+    sidecar = privatize_table(input_path, output_path, label_column=label_column, lo=range[0], hi=range[1],
+                              epsilon=epsilon, pipeline=pipeline, secret=run.secret, clip=clip, encoding=encoding,
+                              epochs=epochs, before_commit=run.finish, features=features, exclude=exclude,
+                              progress=progress, report=report)
+    return sidecar, run.line

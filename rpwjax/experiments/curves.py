@@ -1,0 +1,69 @@
+"""The sweeps of ``rpwjax curves`` and ``rpwjax demo``: which data, which outputs, and what is written.
+
+:func:`curves_split` picks the data (a bundled data set or the user's own
+file, optionally a validation split of its training rows), refusing options
+that would do nothing; :func:`sweep_to` runs a sweep into a folder
+(results.csv and the plots, refused over an earlier sweep's unless
+``overwrite``: :func:`check_sweep_outputs`) and returns the lines to print.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rpwjax.api import check_bins
+from rpwjax.errors import InputError, check_integer
+from rpwjax.experiments.datasets import (VALIDATION_SEED, Split, load_dataset, load_table, train_test_split,
+                                         validation_split)
+from rpwjax.experiments.plots import plot_curves
+from rpwjax.experiments.sweeps import SweepConfig, format_table, run_sweep, summarize, write_rows
+from rpwjax.io.atomic import check_outputs
+
+DEMO_CONFIG = dict(epsilons=(0.1, 0.5, 1.0, 2.0, 8.0), seeds=3, epochs=20)
+
+
+def check_sweep_outputs(out_dir, overwrite: bool):
+    """A sweep writes DIR/results.csv and DIR/*_curves.png: refused over an earlier sweep's unless ``overwrite``."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {str(out)!r} is a file: give a directory")
+    check_outputs([out / "results.csv", *sorted(out.glob("*_curves.png"))], overwrite=overwrite)
+
+
+def curves_split(*, dataset=None, data=None, label_column=None, range=None, features=None, exclude=None,
+                 clip: bool = False, bins=None, validation: bool = False, validation_seed=None, out_dir,
+                 overwrite: bool = False, report=None) -> Split:
+    """The train/test split a curves sweep runs on (its outputs checked first); ``report`` gets the feature
+    choice of a user's file in words."""
+    if (dataset is None) == (data is None):
+        raise InputError("give exactly one of --dataset NAME or --data FILE")
+    check_sweep_outputs(out_dir, overwrite)
+    if validation_seed is not None:  # checked before any data is read
+        if not validation:
+            raise InputError("--validation-seed does nothing without --validation")
+        check_integer(validation_seed, "--validation-seed", 0, 2**63 - 1)
+    if data is not None:
+        if label_column is None or range is None:
+            raise InputError("--data needs --label-column COL and --range LO HI (the range is public input)")
+        check_bins(bins)
+        loaded = load_table(data, label_column, range[0], range[1], clip=clip, features=features, exclude=exclude,
+                            report=(lambda line: None) if report is None else report)
+    else:
+        for flag, value in (("features", features), ("exclude", exclude)):
+            if value is not None:
+                raise InputError(f"--{flag} applies to --data (a bundled data set's features are fixed)")
+        check_bins(bins)
+        loaded = load_dataset(dataset)
+    split = train_test_split(loaded, seed=0)
+    if validation:
+        split = validation_split(split, seed=VALIDATION_SEED if validation_seed is None else validation_seed)
+    return split
+
+
+def sweep_to(split: Split, config: SweepConfig, out_dir, *, progress: bool = True) -> list[str]:
+    """Run ``config`` on ``split``, write DIR/results.csv and the plots; the summary table and paths to print."""
+    rows = run_sweep(split, config, progress=progress)
+    out = Path(out_dir)
+    write_rows(rows, out / "results.csv")
+    paths = plot_curves(rows, out)
+    return [format_table(summarize(rows)), f"results: {out / 'results.csv'}", *(f"plot: {p}" for p in paths)]
