@@ -386,13 +386,14 @@ def test_privatize_table_replaces_only_the_label_column(pipeline, tmp_path, rng)
 
     import pyarrow.csv as pacsv
 
-    from rpwjax import cli
+    from rpwjax import cli, ledger
 
     path, y = _table(tmp_path, rng)
     out = tmp_path / "out.csv"
     epochs = ["--epochs", "2"] if pipeline.startswith("two-stage") else []  # linear-prior trains no stage model
     rc = cli.main(["privatize-table", str(path), "-o", str(out), "--label-column", "y", "--range", "0", "5",
-                   "--epsilon", "1", "--seed", "3", "--pipeline", pipeline, *epochs])
+                   "--epsilon", "1", "--seed", "3", "--pipeline", pipeline, *epochs,
+                   "--ledger", str(tmp_path / "book.jsonl")])
     assert rc == 0
     before, after = pacsv.read_csv(path), pacsv.read_csv(out)
     assert after.column_names == before.column_names and after.num_rows == before.num_rows
@@ -403,6 +404,11 @@ def test_privatize_table_replaces_only_the_label_column(pipeline, tmp_path, rng)
     side = json.loads((tmp_path / "out.csv.json").read_text())
     assert side["pipeline"] == pipeline and side["feature_columns"] == ["a", "b", "c"]
     assert side["accounting"]["per_label_epsilon"] == 1.0
+    # the ledger line carries the same account: its totals and entries
+    (line,) = ledger.read(tmp_path / "book.jsonl")
+    assert line["accounting"]["epsilon"] == line["epsilon"] == 1.0 and line["accounting"]["rows"] == y.size
+    assert line["accounting"]["spends"] == [{k: v for k, v in s.items() if k not in ("sensitivity", "mechanism")}
+                                            for s in side["accounting"]["spends"]]
     # the sidecar flags the experiments-only seed but never records it, nor any key material
     assert side["reproducible_seed"] is True
     assert Secret.from_seed(3).hex() not in json.dumps(side)
