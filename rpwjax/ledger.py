@@ -7,8 +7,10 @@ appends one JSON line to a ledger file: the release id, the time, the input
 (its name, size and SHA-256 of its bytes), the label column, the rows and
 row offset, the mechanism or pipeline, ε and δ, a digest of the settings,
 and a fingerprint of the secret that reveals nothing about it
-(:func:`rpwjax.keys.key_fingerprint`). No label, statistic or key material
-is written.
+(:func:`rpwjax.keys.key_fingerprint`). A pipeline's release also stores its
+account (:class:`rpwjax.accounting.Accounting`: the claimed ε and δ, which
+are the line's, and each entry's purpose, ε, δ and rows; :func:`account_fields`).
+No label, statistic or key material is written.
 
 Which file (:func:`ledger_path`): ``--ledger FILE`` if given, else
 ``KEYFILE.ledger.jsonl`` beside the key file, else ``$RPWJAX_LEDGER``, else
@@ -39,6 +41,7 @@ import json
 import os
 from pathlib import Path
 
+from rpwjax.accounting import Accounting
 from rpwjax.errors import InputError
 from rpwjax.keys import canonical_json
 
@@ -110,6 +113,19 @@ def new_record(*, release_id: str, command: str, input: dict, label_column, rows
         "reproducible_seed": bool(reproducible_seed),
         **extra,
     }
+
+
+def account_fields(record: dict, accounting: dict) -> dict:
+    """The ledger's copy of a release's serialized account (:meth:`rpwjax.accounting.Accounting.to_json`): its
+    totals, rows and entries (no sensitivity or noise text). Refused (RuntimeError) unless the account claims
+    the ε and δ of the ledger ``record``, which the totals add up."""
+    account = Accounting.from_json(accounting)
+    if (account.epsilon, account.delta) != (float(record["epsilon"]), float(record["delta"])):
+        raise RuntimeError(f"the release's account claims epsilon {account.epsilon:g}, delta {account.delta:g}; "
+                           f"the ledger line {record['epsilon']:g}, {record['delta']:g}")
+    return {"epsilon": account.epsilon, "delta": account.delta, "rows": account.rows,
+            "spends": [{k: v for k, v in s.to_json().items() if k not in ("sensitivity", "mechanism")}
+                       for s in account.spends]}
 
 
 def _group(record) -> tuple:

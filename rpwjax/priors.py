@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rpwjax import noise, pytree
+from rpwjax.accounting import Accounting, account
 from rpwjax.errors import InputError, check_choice, check_epsilon, check_integer, check_labels, check_range
 from rpwjax.keys import check_secret, epsilon_index
 
@@ -217,12 +218,19 @@ def histogram_release(values, edges, epsilon, secret, purpose: str = "counts", *
     return noise.noisy_counts(counts, eps, secret, purpose, *index)
 
 
+def histogram_spend(accounting: Accounting, purpose: str, epsilon, bins: int):
+    """Record one :func:`histogram_release` of ``bins`` bins at ``epsilon`` in ``accounting`` as ``purpose``."""
+    return accounting.spend(purpose, float(epsilon), sensitivity="2 in L1 on the counts (one label leaves a bin "
+                            "for another)", mechanism=f"discrete Laplace of rate epsilon/2 on each of {int(bins)} counts")
+
+
 DEFAULT_BINS = 32  # bins of a private histogram prior over the public range, unless a caller says otherwise
 PROJECTIONS = ("clip", "project")
 
 
 def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, secret, clip: bool = False,
-                      projection: str = "clip", purpose: str = "histogram", keyed_by_epsilon: bool = True) -> Prior:
+                      projection: str = "clip", purpose: str = "histogram", keyed_by_epsilon: bool = True,
+                      accounting: Accounting | None = None) -> Prior:
     r"""``Hist_ε``: an ε₁-DP histogram prior over the public range.
 
     ``bins`` equal-width bins over ``[lo, hi]``, released once by
@@ -234,7 +242,8 @@ def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, secret, clip:
     ``purpose``; with ``keyed_by_epsilon`` each ε value gets its own noise,
     keyed by the value's float64 bits (:func:`rpwjax.keys.epsilon_index`, not
     its position in the grid, so one cell of a sweep can be rerun alone). A
-    1-d ``epsilon_prior`` gives a result with a leading axis.
+    1-d ``epsilon_prior`` gives a result with a leading axis. ``accounting``, if given, gets one entry
+    "histogram" per ε released (:func:`histogram_spend`).
     """
     lo, hi = check_range(lo, hi)
     eps1 = check_epsilon(epsilon_prior, "epsilon_prior")
@@ -244,6 +253,8 @@ def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, secret, clip:
     y = check_labels(labels, lo, hi, clip=clip)
     edges = np.linspace(lo, hi, bins + 1)
     flat = eps1.reshape(-1)
+    for e in flat if account(accounting) is not None else ():
+        histogram_spend(accounting, "histogram", e, bins)
     noisy = np.stack([histogram_release(y, edges, e, secret, purpose, *((epsilon_index(e),) if keyed_by_epsilon else ()))
                       for e in flat]).astype(np.float64)
     if projection == "project":

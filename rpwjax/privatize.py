@@ -120,8 +120,12 @@ class ReleaseRun:
         ledger.precheck(self.ledger, self.record, self.budget)
         return self
 
-    def finish(self, rows: int) -> dict:
+    def finish(self, rows: int, accounting: dict | None = None) -> dict:
+        """Commit the record for ``rows``; ``accounting`` (a serialized :class:`rpwjax.accounting.Accounting`,
+        e.g. a pipeline's record) goes into it (:func:`rpwjax.ledger.account_fields`)."""
         self.record.update(rows=int(rows))
+        if accounting is not None:
+            self.record["accounting"] = ledger.account_fields(self.record, accounting)
         status = ledger.commit(self.ledger, self.record, self.budget)
         self.line = ledger.status_line(self.ledger, self.record, status)
         fields = {"release_id": self.release_id, "row_offset": self.record["row_offset"], "rows": int(rows),

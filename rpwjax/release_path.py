@@ -47,6 +47,7 @@ import jax
 import numpy as np
 
 from rpwjax import certify
+from rpwjax.accounting import Accounting, account
 from rpwjax.errors import InputError, check_labels
 from rpwjax.keys import Secret, bound
 from rpwjax.mechanisms.base import Mechanism
@@ -101,7 +102,7 @@ def _per_row(params: Mechanism, n: int) -> bool:
 
 
 def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpose: str = "labels",
-            output_spec: dict | None = None, clip: bool = False) -> np.ndarray:
+            output_spec: dict | None = None, clip: bool = False, accounting: Accounting | None = None) -> np.ndarray:
     """Released values for ``labels`` at global rows ``start, start + 1, ...`` (float64).
 
     Row ``i`` always gets the same uniform for the same secret (bound to a
@@ -115,7 +116,8 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     outside it (no privacy cost); ``params`` holds one ε, with scalar
     leaves or one leaf value per row. ``output_spec`` is ``spec(params)``,
     when a caller releasing many chunks with the same parameters computed it
-    once.
+    once. ``accounting``, if given, gets the entry "release" over the rows it
+    was given (:func:`release_spend`), once the labels are checked.
     """
     if not isinstance(secret, Secret):
         raise InputError(f"release needs an rpwjax.keys.Secret, got {type(secret).__name__}")
@@ -127,6 +129,8 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     if y.size == 0:
         return y
     y = check_labels(y, float(np.min(params.lo)), float(np.max(params.hi)), clip=clip)
+    if account(accounting) is not None:
+        release_spend(accounting, params)
     per_row = _per_row(params, y.size)
     parameters = params_digest(params)
     s = _cached_spec(params, parameters) if output_spec is None else output_spec
@@ -155,6 +159,14 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
         out = _release_blocks(params, low, high, key, counters, blocks, grid=s["grid"], per_row=per_row)
         out = np.asarray(out, np.float64).reshape(-1)
     return out[offset : offset + y.size]
+
+
+def release_spend(accounting: Accounting, params: Mechanism):
+    """Record one release of every label of ``accounting``'s rows with ``params`` (its largest ε and δ over the
+    rows: a per-row fit holds one ε, the check is on the largest)."""
+    delta = 0.0 if params.pure else float(np.max(getattr(params, "delta", 0.0)))
+    return accounting.spend("release", float(np.max(params.epsilon)), delta=delta,
+                            sensitivity="one label, anywhere in the public range", mechanism=params.name)
 
 
 def release_grid(params: Mechanism, secret: Secret, labels, *, purpose: str = "labels") -> np.ndarray:

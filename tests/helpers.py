@@ -107,6 +107,11 @@ def spy(monkeypatch, module, name, pick):
     return seen
 
 
+def spends(record, purpose):
+    """The ε of the entries of a pipeline record's account (``record["spends"]``) for ``purpose``, in order."""
+    return [s["epsilon"] for s in record["spends"] if s["purpose"] == purpose]
+
+
 def json_lines(text):
     """The objects of JSON Lines output (every ``--json`` prints one object per line, nothing else)."""
     import json

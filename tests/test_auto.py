@@ -12,7 +12,8 @@ from rpwjax.keys import Secret
 from rpwjax.mechanisms.rpwithprior import fit_rpwithprior_per_row
 from rpwjax.pipelines import auto, feature_prior, linear_prior, pipeline, residuals
 from rpwjax.pipelines.statistics import public_design
-from helpers import slow_unless, spy
+from rpwjax.accounting import Accounting
+from helpers import slow_unless, spends, spy
 
 LO, HI = 0.0, 5.0
 
@@ -296,30 +297,26 @@ def test_step_1_affords_as_many_components_as_the_fit_can_pay_for(rng):
 @pytest.mark.parametrize("rows, eps, branch", slow_unless(
     [(400, 0.05, "calibrated"), (1500, 0.05, "denoised"), (1500, 0.5, "denoised"), (6000, 4.0, "unbiased")],
     fast=[(1500, 0.5, "denoised")]))
-def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng, monkeypatch, histogram_epsilons):
-    from rpwjax.pipelines import calibrated
-
-    statistic_epsilons = spy(monkeypatch, linear_prior, "private_linear_fit", lambda a, k: float(a[4]))
-    cell_epsilons = spy(monkeypatch, auto, "private_cell_fit", lambda a, k: float(a[4]))
-    slope_epsilons = spy(monkeypatch, auto, "private_slope", lambda a, k: float(a[4]))
-    mean_epsilons = spy(monkeypatch, calibrated, "private_mean", lambda a, k: float(a[3]))
-    released = []
-    for module in (linear_prior, residuals, calibrated):
-        released += [spy(monkeypatch, module, "release", lambda a, k: (np.asarray(a[0].epsilon), np.size(a[2])))]
+def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng, histogram_epsilons):
     x, y = _data(rng, rows)
     labels, record = auto.auto_labels(x, y, LO, HI, eps, secret=Secret.from_seed(11))
     plan = record["auto"]["plan"]
     design, bound = auto.afforded_design(x, eps)
     assert plan == auto.plan(eps, rows, design.shape[1] - 1, bound, HI - LO).to_json()
-    assert plan["branch"] == branch and record["per_label_epsilon"] == eps and record["pipeline"] == "auto"
-    releases = [r for seen in released for r in seen]
+    assert plan["branch"] == branch and record["per_label_epsilon"] == record["epsilon"] == eps
+    assert record["pipeline"] == "auto"
+    account = Accounting.from_json(record)
+    releases = [s for s in account.spends if s.purpose == "release"]
     # every label leaves once, through the release path, with the plan's ε₂ less what a calibration took
-    eps_c = record.get("calibration_epsilon", 0.0)  # absent on the calibrated branch (no linear fit)
-    assert record["mechanism_epsilon"] == pytest.approx(plan["release_epsilon"] - eps_c, abs=1e-15)
-    assert sum(size for _, size in releases) == rows
-    for e, _ in releases:
-        np.testing.assert_allclose(e, record["mechanism_epsilon"], rtol=0, atol=1e-15)
-    assert slope_epsilons == ([eps_c] if eps_c > 0 else [])
+    eps_c = sum(spends(record, "slope"))
+    assert spends(record, "slope") == ([eps_c] if eps_c > 0 else [])
+    for s in releases:
+        assert s.epsilon == pytest.approx(plan["release_epsilon"] - eps_c, abs=1e-15)
+    if branch == "unbiased":  # one release per centre group, over that group's rows
+        groups = account.part_sizes["centre-groups"]
+        assert [s.rows for s in releases] == [(("centre-groups", g),) for g in groups] and sum(groups.values()) == rows
+    else:
+        assert [s.rows for s in releases] == [()]
     if branch == "denoised":
         calibration = record["auto"]["calibration"]
         assert calibration["epsilon"] == eps_c in (0.0, auto.CALIBRATION_SHARE * eps)
@@ -329,17 +326,22 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
         assert eps_c == 0.0
     if branch == "calibrated":
         # half of ε₁ on the histogram, half on the mean, the rest on the release
-        assert histogram_epsilons == pytest.approx([eps / 4]) and mean_epsilons == pytest.approx([eps / 4])
-        assert statistic_epsilons == cell_epsilons == []
+        assert spends(record, "histogram") == spends(record, "mean") == pytest.approx([eps / 4])
+        assert spends(record, "linear-fit") == spends(record, "cell-mean") == []
+        assert histogram_epsilons == pytest.approx([eps / 4])  # what the noise was drawn with
     else:
-        assert statistic_epsilons + cell_epsilons == pytest.approx([plan["statistics_epsilon"]], abs=1e-15)
-        assert (cell_epsilons != []) == (record["auto"]["fit"]["estimator"] == "cells")
-        assert histogram_epsilons == pytest.approx([plan["residual_histogram_epsilon"]], abs=1e-15)
-        assert mean_epsilons == []
-    total = (record.get("statistics_epsilon", 0.0) + record.get("residual_histogram_epsilon", 0.0) + eps_c
-             + record["mechanism_epsilon"]) if branch != "calibrated" else (
-        plan["statistics_epsilon"] + plan["residual_histogram_epsilon"] + plan["release_epsilon"])
-    assert total == pytest.approx(eps, abs=1e-12)
+        cells = [s for s in account.spends if s.purpose == "cell-mean"]
+        assert (cells != []) == (record["auto"]["fit"]["estimator"] == "cells")
+        if cells:  # one mean per cell, each over its own cell's rows at ε_s: parallel composition
+            assert [s.rows for s in cells] == [(("cells", c),) for c in account.part_sizes["cells"]]
+            assert {s.epsilon for s in cells} == {plan["statistics_epsilon"]} and spends(record, "linear-fit") == []
+        else:
+            assert spends(record, "linear-fit") == [plan["statistics_epsilon"]]
+        assert spends(record, "residual-histogram") == pytest.approx([plan["residual_histogram_epsilon"]], abs=1e-15)
+        assert histogram_epsilons == spends(record, "residual-histogram")  # what the noise was drawn with
+        assert spends(record, "mean") == []
+    assert plan["statistics_epsilon"] + plan["residual_histogram_epsilon"] + plan["release_epsilon"] == \
+        pytest.approx(eps, abs=1e-12)
     assert labels.shape == y.shape and np.all(np.isfinite(labels))
     assert record["denoised"] == (branch != "unbiased")
     if branch != "unbiased":
@@ -349,8 +351,8 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
 def test_auto_unbiased_branch_is_eps2_private_and_unbiased_for_the_clipped_residual(rng, monkeypatch):
     calls, real = [], auto.unbiased_residual_release
 
-    def recording(params, residual_range, centres, labels, secret):
-        out = real(params, residual_range, centres, labels, secret)
+    def recording(params, residual_range, centres, labels, secret, **kwargs):
+        out = real(params, residual_range, centres, labels, secret, **kwargs)
         calls.append((params, tuple(residual_range), np.asarray(centres), np.asarray(labels), out))
         return out
 
@@ -616,7 +618,8 @@ def test_an_uninformative_release_keeps_the_labels_on_the_centres(rng):
     assert shift[True] < 0.1 < 1.0 < shift[False]
     assert np.mean((out[True] - y) ** 2) < 0.5 * np.mean((out[False] - y) ** 2)
     labels, record = auto.auto_labels(x, y, LO, HI, 0.05, secret=Secret.from_seed(3))
-    assert record["row_prior"] == "mean-matched" and record["statistics_epsilon"] == p.statistics_epsilon
+    fit = spends(record, "linear-fit") + spends(record, "cell-mean")[:1]  # the cells: one ε, parallel
+    assert record["row_prior"] == "mean-matched" and fit == [p.statistics_epsilon]
 
 
 @pytest.mark.slow
@@ -628,9 +631,9 @@ def test_centre_levels_give_the_exact_intervals_of_the_rounded_centres(rng, monk
     captured = {}
     real = linear_prior.release
 
-    def recording(params, secret, labels):
+    def recording(params, secret, labels, **kwargs):
         captured["params"] = params
-        return real(params, secret, labels)
+        return real(params, secret, labels, **kwargs)
 
     monkeypatch.setattr(linear_prior, "release", recording)
     linear_prior.release_around(prior, y, LO, HI, 0.5, s, "rpwithprior", levels=64)
@@ -652,8 +655,8 @@ def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(
     is (auto goes to ``calibrated``, the comparison keeps its own 5% fit and half of ε for the histogram)."""
     released, real = [], feature_prior.release
 
-    def recording(params, secret, labels):
-        out = real(params, secret, labels)
+    def recording(params, secret, labels, **kwargs):
+        out = real(params, secret, labels, **kwargs)
         released.append((params, np.size(labels), out))
         return out
 
@@ -664,18 +667,20 @@ def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(
     p = auto.plan(eps, y.size, design.shape[1] - 1, bound, HI - LO)
     assert p.branch == ("calibrated" if components is None else "denoised" if eps < 1 else "unbiased")
     assert (record["components"], record["l1_bound"]) == (design.shape[1] - 1, bound)  # auto's design, every branch
+    fit = spends(record, "linear-fit") + spends(record, "cell-mean")[:1]  # the cells' means: one ε, parallel
+    eps_c = sum(spends(record, "slope"))
     if components is None:
-        assert record["statistics_epsilon"] == 0.05 * eps and record["calibration_epsilon"] == 0.0
+        assert fit == [0.05 * eps] and eps_c == 0.0
         assert histogram_epsilons == pytest.approx([auto.CALIBRATED_PRIOR_FRACTION * eps], abs=1e-15)
-        eps2 = eps - record["statistics_epsilon"] - auto.CALIBRATED_PRIOR_FRACTION * eps
+        eps2 = eps - fit[0] - auto.CALIBRATED_PRIOR_FRACTION * eps
     else:
         assert design.shape[1] - 1 == components
-        assert record["statistics_epsilon"] == p.statistics_epsilon
+        assert fit == [p.statistics_epsilon]
         assert histogram_epsilons == pytest.approx([p.residual_histogram_epsilon], abs=1e-15)
-        eps2 = p.release_epsilon - record["calibration_epsilon"]  # auto's calibration of the fit, when it is made
-    assert record["mechanism_epsilon"] == pytest.approx(eps2, abs=1e-12)
-    spent = record["statistics_epsilon"] + record["residual_histogram_epsilon"] + record["calibration_epsilon"]
-    assert spent + record["mechanism_epsilon"] == pytest.approx(eps, abs=1e-12)
+        eps2 = p.release_epsilon - eps_c  # auto's calibration of the fit, when it is made
+    assert spends(record, "residual-histogram") == pytest.approx(histogram_epsilons, abs=1e-15)
+    assert spends(record, "release") == pytest.approx([eps2] * record["groups"], abs=1e-12)
+    assert fit[0] + spends(record, "residual-histogram")[0] + eps_c + eps2 == pytest.approx(eps, abs=1e-12)
     assert sum(size for _, size, _ in released) == y.size and len(released) == record["groups"]
     grid = np.linspace(LO, HI, 201)
     for params, _, out in released:

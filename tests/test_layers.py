@@ -27,6 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / PACKAGE
 # Rooms from low to high: a room imports only from its own layer or lower ones (and never in a cycle).
 LAYERS = [
     ["rpwjax.errors", "rpwjax.interrupts", "rpwjax.pytree", "rpwjax.stream", "rpwjax.grid"],
+    ["rpwjax.accounting"],  # one release's privacy account: every statistic and release, the rows each reads
     ["rpwjax.keys", "rpwjax.io", "rpwjax.training"],
     ["rpwjax.noise", "rpwjax.ledger", "rpwjax.tables"],
     ["rpwjax.priors"],

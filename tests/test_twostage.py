@@ -12,7 +12,7 @@ from rpwjax.posterior import posterior_mean, posterior_mean_per_row
 from rpwjax.priors import histogram_prior, histogram_release
 from rpwjax.mechanisms.rpwithprior import fit_rpwithprior, fit_rpwithprior_per_row
 from rpwjax.mechanisms.unbiased import fit_unbiased
-from helpers import slow_unless, spy
+from helpers import slow_unless, spends, spy
 
 LO, HI = 0.0, 5.0
 
@@ -239,10 +239,10 @@ def test_two_stage_accounting_and_per_label_privacy(stage2, rng, histogram_epsil
     cfg = two_stage.TwoStageConfig(stage2=stage2, fraction=0.4, prior_fraction=0.25)
     run = two_stage.two_stage_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(5), config=cfg, epochs=3)
     rec = run.record
-    assert rec["part_a"]["prior_histogram_epsilon"] == pytest.approx(0.25, abs=1e-15)
-    assert rec["part_b"]["residual_histogram_epsilon"] == pytest.approx(0.25, abs=1e-15)
-    assert rec["part_a"]["mechanism_epsilon"] == pytest.approx(0.75, abs=1e-15)
-    assert rec["part_b"]["mechanism_epsilon"] == pytest.approx(0.75, abs=1e-15)
+    by_part = {(s["purpose"], s["rows"][0]["part"]): s["epsilon"] for s in rec["spends"]}  # part 0 is A, 1 is B
+    assert by_part == pytest.approx({("histogram", 0): 0.25, ("release", 0): 0.75, ("residual-histogram", 1): 0.25,
+                                     ("release", 1): 0.75}, abs=1e-15)
+    assert len(rec["spends"]) == 4 and all(s["rows"][0]["partition"] == "split" for s in rec["spends"])
     assert rec["epsilon"] == rec["per_label_epsilon"] == 1.0
     # ... and the releases spent exactly that: stage 1's and the residuals' histograms, then the mechanisms
     assert histogram_epsilons == pytest.approx([0.25, 0.25], abs=1e-15)
@@ -306,8 +306,8 @@ def test_calibrated_denoising_at_small_epsilon_recovers_the_mean(rng, histogram_
     y = np.clip(rng.gamma(2.0, 0.6, 20_000), LO, HI)
     labels, record = calibrated.calibrated_denoised(y, LO, HI, 0.05, secret=Secret.from_seed(0))
     # the default prior_fraction 1/2: ε₁ = 0.025, half for the histogram, half for the mean; ε₂ = 0.025
-    assert record["prior_epsilon"] == pytest.approx(0.025, abs=1e-15)
-    assert record["mechanism_epsilon"] == pytest.approx(0.025, abs=1e-15)
+    assert spends(record, "histogram") == spends(record, "mean") == pytest.approx([0.0125], abs=1e-15)
+    assert spends(record, "release") == pytest.approx([0.025], abs=1e-15)
     assert histogram_epsilons == pytest.approx([0.0125], abs=1e-15)
     assert mean_epsilons == pytest.approx([0.0125], abs=1e-15)
     assert record["params"]["epsilon"] == pytest.approx(0.025, abs=1e-15)  # the mechanism that released
@@ -353,9 +353,9 @@ def test_linear_prior_labels_accounting_and_per_row_privacy(rng, histogram_epsil
     x, y = _data(rng, n=1500)
     labels, record = linear_prior.linear_prior_labels(x, y, LO, HI, 1.0, secret=Secret.from_seed(4))
     # the defaults: 0.4 of ε on the statistics, 0.1 on the residual histogram, the remaining 0.5 on RPWithPrior
-    assert record["statistics_epsilon"] == pytest.approx(0.4, abs=1e-15)
-    assert record["residual_histogram_epsilon"] == pytest.approx(0.1, abs=1e-15)
-    assert record["mechanism_epsilon"] == pytest.approx(0.5, abs=1e-15)
+    assert spends(record, "linear-fit") == pytest.approx([0.4], abs=1e-15)
+    assert spends(record, "residual-histogram") == pytest.approx([0.1], abs=1e-15)
+    assert spends(record, "release") == pytest.approx([0.5], abs=1e-15)
     assert record["per_label_epsilon"] == record["epsilon"] == 1.0
     # ... and what the three releases were given
     assert statistic_epsilons == pytest.approx([0.4], abs=1e-15)
@@ -386,13 +386,14 @@ def test_privatize_table_replaces_only_the_label_column(pipeline, tmp_path, rng)
 
     import pyarrow.csv as pacsv
 
-    from rpwjax import cli
+    from rpwjax import cli, ledger
 
     path, y = _table(tmp_path, rng)
     out = tmp_path / "out.csv"
     epochs = ["--epochs", "2"] if pipeline.startswith("two-stage") else []  # linear-prior trains no stage model
     rc = cli.main(["privatize-table", str(path), "-o", str(out), "--label-column", "y", "--range", "0", "5",
-                   "--epsilon", "1", "--seed", "3", "--pipeline", pipeline, *epochs])
+                   "--epsilon", "1", "--seed", "3", "--pipeline", pipeline, *epochs,
+                   "--ledger", str(tmp_path / "book.jsonl")])
     assert rc == 0
     before, after = pacsv.read_csv(path), pacsv.read_csv(out)
     assert after.column_names == before.column_names and after.num_rows == before.num_rows
@@ -403,6 +404,11 @@ def test_privatize_table_replaces_only_the_label_column(pipeline, tmp_path, rng)
     side = json.loads((tmp_path / "out.csv.json").read_text())
     assert side["pipeline"] == pipeline and side["feature_columns"] == ["a", "b", "c"]
     assert side["accounting"]["per_label_epsilon"] == 1.0
+    # the ledger line carries the same account: its totals and entries
+    (line,) = ledger.read(tmp_path / "book.jsonl")
+    assert line["accounting"]["epsilon"] == line["epsilon"] == 1.0 and line["accounting"]["rows"] == y.size
+    assert line["accounting"]["spends"] == [{k: v for k, v in s.items() if k not in ("sensitivity", "mechanism")}
+                                            for s in side["accounting"]["spends"]]
     # the sidecar flags the experiments-only seed but never records it, nor any key material
     assert side["reproducible_seed"] is True
     assert Secret.from_seed(3).hex() not in json.dumps(side)

@@ -122,6 +122,7 @@ import math
 
 import numpy as np
 
+from rpwjax.accounting import Accounting, parts_of, record_fields
 from rpwjax.errors import check_choice, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms import entry
@@ -277,7 +278,8 @@ def group_residual_range(edges, mass, width, centres, lo, hi, eps2, candidates=N
     return best[2], best[1]
 
 
-def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret):
+def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret, *,
+                        accounting: Accounting | None = None):
     """Step 4's first releases, the feature-aware prior: ``(prior, ε₂, calibration)``.
 
     The ε_s-DP linear fit gives centres m(x) (clipped to the range). On the ``denoised`` branch, whose labels
@@ -291,15 +293,15 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret):
     (:func:`slope_is_worth_it` on :func:`~rpwjax.pipelines.statistics.slope_noise`, public numbers and the
     released centres). ``calibration`` (None off the denoised branch) records the ratio, ε_c, α and the slope's noise
     (None where the ratio did not call for a slope);
-    ε₂ = ε - ε_s - ε₁ - ε_c is what the release gets."""
+    ε₂ = ε - ε_s - ε₁ - ε_c is what the release gets. Every release is recorded in ``accounting``, if given."""
     fit = linear_fit_choice(design, bound, hi - lo, p.statistics_epsilon)
     cells = fit.pop("cell_index")
     if fit["estimator"] == "cells":
         theta, centre = private_cell_fit(design, y, lo, hi, p.statistics_epsilon, secret.child("statistics"),
-                                         cells=cells)
+                                         cells=cells, accounting=accounting)
         m = np.clip(design @ theta + centre, lo, hi)
     else:
-        theta, m = linear_centres(design, bound, y, lo, hi, p.statistics_epsilon, secret)
+        theta, m = linear_centres(design, bound, y, lo, hi, p.statistics_epsilon, secret, accounting=accounting)
     eps2 = p.release_epsilon
     calibration = None
     if p.branch == "denoised":  # the fit's noise energy, computed for the choice, is the ratio's denominator
@@ -312,13 +314,14 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret):
         if snr < CALIBRATE_BELOW and np.ptp(m) > 0:
             calibration["slope_noise"] = slope_noise(m - mean, hi - lo, eps_c)
             if slope_is_worth_it(snr, calibration["slope_noise"]):
-                raw = private_slope(m - mean, y, lo, hi, eps_c, secret.child("calibration"), centre=mean)
+                raw = private_slope(m - mean, y, lo, hi, eps_c, secret.child("calibration"), centre=mean,
+                                    accounting=accounting)
                 alpha = float(np.clip(raw, 0.0, 1.0))
                 m = mean + alpha * (m - mean)
                 eps2 = p.release_epsilon - eps_c
                 calibration.update(epsilon=eps_c, slope=alpha)
     prior = residual_prior_around(m, design, bound, y, lo, hi, p.residual_histogram_epsilon, secret,
-                                  residual_bins=RESIDUAL_BINS)
+                                  residual_bins=RESIDUAL_BINS, accounting=accounting)
     return dataclasses.replace(prior, fit=fit), eps2, calibration
 
 
@@ -378,16 +381,20 @@ def linear_fit_choice(design, bound: float, width: float, eps_s: float) -> dict:
             "noise_sums": sums, "noise_cells": by_cells, "cell_index": cells}
 
 
-def _grouped_unbiased(prior, y, lo, hi, eps2, secret: Secret):
-    """Step 4, branch ``unbiased``: per centre group, residuals clipped to the group's range, one release each."""
+def _grouped_unbiased(prior, y, lo, hi, eps2, secret: Secret, accounting: Accounting):
+    """Step 4, branch ``unbiased``: per centre group, residuals clipped to the group's range, one release each
+    (recorded in ``accounting`` over the group's rows, partition "centre-groups")."""
     m = prior.centres
     out = np.empty(y.size)
     fields = []
     candidates = clip_candidates(prior.edges, prior.mass, hi - lo)
-    for g, rows in centre_groups(m, GROUPS):
+    groups = centre_groups(m, GROUPS)
+    accounting.partition("centre-groups", parts_of(groups, y.size))
+    for g, rows in groups:
         (g_lo, g_hi), q = group_residual_range(prior.edges, prior.mass, hi - lo, m[rows], lo, hi, eps2, candidates)
         fit = unbiased_residual_fit(prior.edges, prior.mass, hi - lo, eps2, residual_range=(g_lo, g_hi))
-        out[rows], _ = unbiased_residual_release(fit[0], fit[1], m[rows], y[rows], secret.child("release", int(g)))
+        out[rows], _ = unbiased_residual_release(fit[0], fit[1], m[rows], y[rows], secret.child("release", int(g)),
+                                                 accounting=accounting.within("centre-groups", g))
         fields.append({"group": int(g), "rows": int(rows.size), "residual_range": [g_lo, g_hi], "clip_quantile": q,
                        "label_variance": float(np.asarray(fit[2]["label_mse"]).reshape(-1)[0]),
                        **sidecar_fields(fit[0])})
@@ -412,27 +419,26 @@ def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int 
     del x
     p = plan(eps, y.size, design.shape[1] - 1, bound, hi - lo, branch)
     trace = {"rule": "rpwjax.pipelines.auto", "plan": p.to_json()}
+    accounting = Accounting(y.size, eps)
     if p.branch == "calibrated":
         step("calibrated release")
         out, record = calibrated_denoised(y, lo, hi, eps, secret=secret.child("auto-calibrated"),
-                                          prior_fraction=CALIBRATED_PRIOR_FRACTION, bins=bins)
-        return out, {**record, "pipeline": "auto", "per_label_epsilon": eps, "denoised": True, "auto": trace}
+                                          prior_fraction=CALIBRATED_PRIOR_FRACTION, bins=bins, accounting=accounting)
+        return out, {**record, "pipeline": "auto", "denoised": True, "auto": trace, **record_fields(accounting)}
     s = secret.child("auto-linear").for_epsilon(eps)
     step("private linear fit and residual histogram")
-    prior, eps2, calibration = feature_aware_prior(design, bound, y, lo, hi, p, s)
+    prior, eps2, calibration = feature_aware_prior(design, bound, y, lo, hi, p, s, accounting=accounting)
     del design  # (rows, k + 1) float64: the release needs only the centres
     trace["calibration"] = calibration
     trace["fit"] = prior.fit
     step(f"{p.branch} release")
     if p.branch == "unbiased":
-        out, fields = _grouped_unbiased(prior, y, lo, hi, eps2, s)
+        out, fields = _grouped_unbiased(prior, y, lo, hi, eps2, s, accounting)
         mechanism = "unbiased"
     else:
-        out, fields = release_around(prior, y, lo, hi, eps2, s, "rpwithprior", levels=LEVELS, row_prior=p.row_prior)
+        out, fields = release_around(prior, y, lo, hi, eps2, s, "rpwithprior", levels=LEVELS, row_prior=p.row_prior,
+                                     accounting=accounting)
         mechanism = "rpwithprior"
-    record = {"pipeline": "auto", "epsilon": eps, "rows": int(y.size),
-              "statistics_epsilon": p.statistics_epsilon, "residual_histogram_epsilon": p.residual_histogram_epsilon,
-              "calibration_epsilon": calibration["epsilon"] if calibration else 0.0,
-              "mechanism": mechanism, "mechanism_epsilon": eps2, "components": prior.components,
-              "l1_bound": prior.l1_bound, "per_label_epsilon": eps, **fields, "auto": trace}
+    record = {"pipeline": "auto", "mechanism": mechanism, "components": prior.components,
+              "l1_bound": prior.l1_bound, **fields, "auto": trace, **record_fields(accounting)}
     return out, record

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rpwjax.accounting import Accounting, record_fields
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms.rpwithprior import fit_rpwithprior
@@ -53,20 +54,25 @@ def _tilt_to_mean(left, right, mass, target):
     return mean_at(0.5 * (lo_l + hi_l))[1]
 
 
-def calibrated_prior(labels, lo, hi, epsilon_prior, *, bins: int, secret: Secret) -> Prior:
-    """ε₁-DP prior: a private histogram (ε₁/2) tilted to a private mean (ε₁/2)."""
+def calibrated_prior(labels, lo, hi, epsilon_prior, *, bins: int, secret: Secret,
+                     accounting: Accounting | None = None) -> Prior:
+    """ε₁-DP prior: a private histogram (ε₁/2) tilted to a private mean (ε₁/2), both recorded in ``accounting``,
+    if given."""
     eps1 = float(check_epsilon(epsilon_prior, "epsilon_prior"))
-    hist = private_histogram(labels, lo, hi, eps1 / 2, bins=bins, secret=secret.child("histogram"), **_PROJECTED)
-    mean = private_mean(labels, lo, hi, eps1 / 2, secret.child("mean"))
+    hist = private_histogram(labels, lo, hi, eps1 / 2, bins=bins, secret=secret.child("histogram"), **_PROJECTED,
+                             accounting=accounting)
+    mean = private_mean(labels, lo, hi, eps1 / 2, secret.child("mean"), accounting=accounting)
     left, right, mass = (np.asarray(v, np.float64) for v in (hist.left, hist.right, hist.mass))
     return Prior(left, right, _tilt_to_mean(left, right, mass, mean), hist.lo, hist.hi, False, "calibrated-histogram")
 
 
-def calibrated_denoised(labels, lo, hi, epsilon, *, secret: Secret, prior_fraction: float = 0.5, bins: int = DEFAULT_BINS):
+def calibrated_denoised(labels, lo, hi, epsilon, *, secret: Secret, prior_fraction: float = 0.5, bins: int = DEFAULT_BINS,
+                        accounting: Accounting | None = None):
     """RPWithPrior (ζ auto) fitted to the mean-calibrated prior, outputs denoised under that prior.
 
     Spends ε₁ = ``prior_fraction``·ε on the prior (half histogram, half mean)
-    and ε₂ = ε - ε₁ on the mechanism. Returns ``(denoised labels, record)``.
+    and ε₂ = ε - ε₁ on the mechanism. Returns ``(denoised labels, record)``. Every release is recorded in
+    ``accounting`` (a caller's, for the labels given; a new one for ε over them otherwise).
     """
     lo, hi = check_range(lo, hi)
     eps = float(check_epsilon(epsilon))
@@ -75,10 +81,10 @@ def calibrated_denoised(labels, lo, hi, epsilon, *, secret: Secret, prior_fracti
     y = check_labels(labels, lo, hi)
     secret = check_secret(secret).for_epsilon(eps)
     eps1 = prior_fraction * eps
-    prior = calibrated_prior(y, lo, hi, eps1, bins=bins, secret=secret.child("prior"))
+    accounting = Accounting(y.size, eps) if accounting is None else accounting
+    prior = calibrated_prior(y, lo, hi, eps1, bins=bins, secret=secret.child("prior"), accounting=accounting)
     params, _ = fit_rpwithprior(prior, eps - eps1, zeta="auto")
-    noisy = release(params, secret.child("release"), y)
-    record = {"pipeline": "calibrated-posterior", "epsilon": eps, "prior_epsilon": eps1,
-              "mechanism": "rpwithprior", "mechanism_epsilon": eps - eps1, "bins": bins,
-              "params": params.to_json(), "release": sidecar_fields(params)}
+    noisy = release(params, secret.child("release"), y, accounting=accounting)
+    record = {"pipeline": "calibrated-posterior", "mechanism": "rpwithprior", "bins": bins,
+              "params": params.to_json(), "release": sidecar_fields(params), **record_fields(accounting)}
     return posterior_mean(params, prior, noisy), record

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from rpwjax.accounting import Accounting, parts_of, record_fields
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms import entry
@@ -48,19 +49,21 @@ def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, m
     design, bound = auto.afforded_design(x, eps)
     p = auto.plan(eps, y.size, design.shape[1] - 1, bound, hi - lo)
     s = secret.child(f"feature-prior-{mechanism}").for_epsilon(eps)
-    calibration = None
+    accounting = Accounting(y.size, eps)
     if p.branch == "calibrated":  # auto would not use the features here: neither does the comparison
         eps_s, eps1 = 0.05 * eps, auto.CALIBRATED_PRIOR_FRACTION * eps
         eps2 = eps - eps_s - eps1
-        prior = linear_residual_prior(design, bound, y, lo, hi, eps_s, eps1, s, residual_bins=auto.RESIDUAL_BINS)
+        prior = linear_residual_prior(design, bound, y, lo, hi, eps_s, eps1, s, residual_bins=auto.RESIDUAL_BINS,
+                                      accounting=accounting)
     else:  # auto's own prior, its calibration step included
-        eps_s, eps1 = p.statistics_epsilon, p.residual_histogram_epsilon
-        prior, eps2, calibration = auto.feature_aware_prior(design, bound, y, lo, hi, p, s)
+        prior, eps2, _ = auto.feature_aware_prior(design, bound, y, lo, hi, p, s, accounting=accounting)
     out = np.empty(y.size)
     fields = []
     fit = entry(mechanism).fit
     row_priors = row_prior_builder(p.row_prior or "censored")  # as auto's release (censored where no plan names one)
-    for g, rows in centre_groups(prior.centres, auto.GROUPS):
+    groups = centre_groups(prior.centres, auto.GROUPS)
+    accounting.partition("centre-groups", parts_of(groups, y.size))
+    for g, rows in groups:
         shifted = row_priors(prior.edges, prior.mass, np.median(prior.centres[rows])[None], lo, hi)
         left, right, mass = (np.asarray(v, np.float64)[0] for v in (shifted.left, shifted.right, shifted.mass))
         width = right - left
@@ -75,12 +78,10 @@ def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, m
             except RuntimeError:  # the solver gave up on a very peaked prior at a tiny ε: flatten it a little
                 if share == RETRY_SHARE:
                     raise
-        out[rows] = release(params, s.child("release", int(g)), y[rows])
+        out[rows] = release(params, s.child("release", int(g)), y[rows],
+                            accounting=accounting.within("centre-groups", g))
         fields.append({"group": int(g), "rows": int(rows.size), **sidecar_fields(params)})
-    record = {"pipeline": f"{mechanism}+feature-prior", "epsilon": eps, "rows": int(y.size),
-              "statistics_epsilon": eps_s, "residual_histogram_epsilon": eps1,
-              "calibration_epsilon": calibration["epsilon"] if calibration else 0.0, "mechanism": mechanism,
-              "mechanism_epsilon": eps2, "components": prior.components, "l1_bound": prior.l1_bound, "groups": len(fields),
-              "per_label_epsilon": eps, "denoised": False,
-              "release": fields}
+    record = {"pipeline": f"{mechanism}+feature-prior", "mechanism": mechanism, "components": prior.components,
+              "l1_bound": prior.l1_bound, "groups": len(fields), "denoised": False, "release": fields,
+              **record_fields(accounting)}
     return out, record

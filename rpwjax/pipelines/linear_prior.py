@@ -16,6 +16,7 @@ import dataclasses
 
 import numpy as np
 
+from rpwjax.accounting import Accounting, record_fields
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms.rpwithprior import choose_zeta, fit_rpwithprior_per_row
@@ -44,30 +45,36 @@ class LinearResidualPrior:
 
 
 def linear_residual_prior(design, bound, labels, lo, hi, eps_s, eps1, secret: Secret, *,
-                          residual_bins: int = DEFAULT_BINS) -> LinearResidualPrior:
+                          residual_bins: int = DEFAULT_BINS, accounting: Accounting | None = None
+                          ) -> LinearResidualPrior:
     """Releases 1 and 2: the ε_s-DP linear fit (child secret "statistics") and the ε₁-DP residual histogram
-    around it (child secret "residual-histogram"). ``secret`` is the pipeline's per-ε secret."""
-    _, m = linear_centres(design, bound, labels, lo, hi, eps_s, secret)
-    return residual_prior_around(m, design, bound, labels, lo, hi, eps1, secret, residual_bins=residual_bins)
+    around it (child secret "residual-histogram"). ``secret`` is the pipeline's per-ε secret; both releases
+    are recorded in ``accounting``, if given."""
+    _, m = linear_centres(design, bound, labels, lo, hi, eps_s, secret, accounting=accounting)
+    return residual_prior_around(m, design, bound, labels, lo, hi, eps1, secret, residual_bins=residual_bins,
+                                 accounting=accounting)
 
 
-def linear_centres(design, bound, labels, lo, hi, eps_s, secret: Secret):
+def linear_centres(design, bound, labels, lo, hi, eps_s, secret: Secret, *, accounting: Accounting | None = None):
     """Release 1: the ε_s-DP linear fit (child secret "statistics" of the pipeline's per-ε ``secret``):
     ``(θ, m)`` with the centres m = design·θ + c clipped to [lo, hi] (c the range's midpoint)."""
-    theta, centre = private_linear_fit(design, labels, lo, hi, eps_s, secret.child("statistics"), bound=bound)
+    theta, centre = private_linear_fit(design, labels, lo, hi, eps_s, secret.child("statistics"), bound=bound,
+                                       accounting=accounting)
     return theta, np.clip(design @ theta + centre, lo, hi)
 
 
 def residual_prior_around(centres, design, bound, labels, lo, hi, eps1, secret: Secret, *,
-                          residual_bins: int = DEFAULT_BINS) -> LinearResidualPrior:
+                          residual_bins: int = DEFAULT_BINS, accounting: Accounting | None = None
+                          ) -> LinearResidualPrior:
     """Release 2: the ε₁-DP histogram of the residuals y - m (child secret "residual-histogram")."""
     edges, mass = residual_histogram(labels - centres, hi - lo, eps1, bins=residual_bins,
-                                     secret=secret.child("residual-histogram"))
+                                     secret=secret.child("residual-histogram"), accounting=accounting)
     return LinearResidualPrior(centres, edges, mass, int(design.shape[1] - 1), float(bound))
 
 
 def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Secret, stage2: str, *,
-                   unbiased_fit=None, levels: int | None = None, row_prior: str = "truncated"):
+                   unbiased_fit=None, levels: int | None = None, row_prior: str = "truncated",
+                   accounting: Accounting | None = None):
     """Release 3 (child secret "release"), once per label: ``(labels, fields)``.
 
     ``stage2="rpwithprior"``: RPWithPrior with a per-row exact interval under the row's prior (the residual
@@ -80,14 +87,16 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
     (:func:`~rpwjax.pipelines.residuals.shifted_priors`); "censored", the law of y = clip(m + r)
     (:func:`~rpwjax.pipelines.residuals.censored_priors`); "mean-matched", the censored one with the residual
     law centred and narrowed until its mean is the row's centre
-    (:func:`~rpwjax.pipelines.residuals.mean_matched_priors`).
+    (:func:`~rpwjax.pipelines.residuals.mean_matched_priors`). The release is recorded in ``accounting``, if
+    given.
     """
     if stage2 not in STAGE2:
         raise InputError(f"stage2 must be one of {', '.join(STAGE2)}, got stage2={stage2!r}")
     row_priors = row_prior_builder(row_prior)
     if stage2 == "unbiased":
         params, residual_range, _ = unbiased_fit or unbiased_residual_fit(prior.edges, prior.mass, hi - lo, eps2)
-        out, _ = unbiased_residual_release(params, residual_range, prior.centres, labels, secret.child("release"))
+        out, _ = unbiased_residual_release(params, residual_range, prior.centres, labels, secret.child("release"),
+                                           accounting=accounting)
         return out, {"residual_range": list(residual_range), "denoised": False, "release": sidecar_fields(params)}
     zeta = float(choose_zeta(histogram_prior(prior.edges, prior.mass), eps2)[0])
     centres = prior.centres
@@ -99,7 +108,7 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
         fitted = fit_rpwithprior_per_row(level_priors, zeta, eps2)
         params = dataclasses.replace(fitted, epsilon=fitted.epsilon[inverse], zeta=fitted.zeta[inverse],
                                      a1=fitted.a1[inverse], a2=fitted.a2[inverse])
-        noisy = release(params, secret.child("release"), labels)
+        noisy = release(params, secret.child("release"), labels, accounting=accounting)
         # a row's prior is its level's: gathered a block of rows at a time, never (rows, bins) for every row at once
         left, right, mass = (np.asarray(v) for v in (level_priors.left, level_priors.right, level_priors.mass))
         out = np.empty(noisy.shape, np.float64)
@@ -113,7 +122,7 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
     else:
         priors = row_priors(prior.edges, prior.mass, centres, lo, hi)
         params = fit_rpwithprior_per_row(priors, zeta, eps2)
-    noisy = release(params, secret.child("release"), labels)
+    noisy = release(params, secret.child("release"), labels, accounting=accounting)
     return posterior_mean_per_row(params, priors, noisy), {"zeta": zeta, "denoised": True, "row_prior": row_prior,
                                                            "release": sidecar_fields(params)}
 
@@ -160,9 +169,10 @@ def linear_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, st
     eps_s, eps1 = stats_fraction * eps, prior_fraction * eps
     eps2 = eps - eps_s - eps1
     design, bound = public_design(x, components)
-    prior = linear_residual_prior(design, bound, y, lo, hi, eps_s, eps1, secret, residual_bins=residual_bins)
-    out, fields = release_around(prior, y, lo, hi, eps2, secret, stage2)
-    record = {"pipeline": "linear-prior", "epsilon": eps, "rows": int(y.size), "statistics_epsilon": eps_s,
-              "residual_histogram_epsilon": eps1, "mechanism": stage2, "mechanism_epsilon": eps2,
-              "components": prior.components, "l1_bound": prior.l1_bound, "per_label_epsilon": eps, **fields}
+    accounting = Accounting(y.size, eps)
+    prior = linear_residual_prior(design, bound, y, lo, hi, eps_s, eps1, secret, residual_bins=residual_bins,
+                                  accounting=accounting)
+    out, fields = release_around(prior, y, lo, hi, eps2, secret, stage2, accounting=accounting)
+    record = {"pipeline": "linear-prior", "mechanism": stage2, "components": prior.components,
+              "l1_bound": prior.l1_bound, **fields, **record_fields(accounting)}
     return out, record

@@ -10,7 +10,8 @@ import numpy as np
 from rpwjax.errors import check_epsilon
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import entry
-from rpwjax.priors import Prior, histogram_prior, histogram_release, project_counts
+from rpwjax.accounting import Accounting, account
+from rpwjax.priors import Prior, histogram_prior, histogram_release, histogram_spend, project_counts
 from rpwjax.release_path import release
 
 RESIDUAL_QUANTILE = 0.02  # the unbiased residual release clips residuals to these quantiles of the residual prior
@@ -38,7 +39,8 @@ def release_bins(rows: int, epsilon: float, most: int) -> int:
     return k
 
 
-def residual_histogram(residuals, width, epsilon, *, bins: int, secret: Secret, resolution: int = 2):
+def residual_histogram(residuals, width, epsilon, *, bins: int, secret: Secret, resolution: int = 2,
+                       accounting: Accounting | None = None):
     """ε-DP residual prior over the public [-width, width]: (edges, masses).
 
     One release: a ``bins``-bin noisy histogram of the residuals (:func:`rpwjax.priors.histogram_release`). When
@@ -48,13 +50,16 @@ def residual_histogram(residuals, width, epsilon, *, bins: int, secret: Secret, 
     parameters from all the bins: the noise averages out; least absolute
     deviations, the maximum-likelihood fit under Laplace noise) and its masses
     are the prior. Either way the prior is given on ``resolution``·``bins`` bins.
-    Post-processing of the one release, so the cost is ε.
+    Post-processing of the one release, so the cost is ε: ``accounting``, if given, gets the entry
+    "residual-histogram" over the rows it was given.
     """
     eps = float(check_epsilon(epsilon))
     r = np.asarray(residuals, np.float64)
     fine = np.linspace(-width, width, int(bins) * resolution + 1)
     bins = release_bins(r.size, eps, int(bins))
     edges = np.linspace(-width, width, bins + 1)
+    if account(accounting) is not None:
+        histogram_spend(accounting, "residual-histogram", eps, bins)
     noisy = histogram_release(r, edges, eps, secret)
     if histogram_is_reliable(r.size, eps, bins) and fine.size - 1 == bins * resolution:
         c = project_counts(noisy, r.size)
@@ -237,10 +242,12 @@ def unbiased_residual_fit(edges, mass, width, epsilon, residual_range=None):
     return params, (c_lo, c_hi), info
 
 
-def unbiased_residual_release(params, residual_range, centres, labels, secret: Secret):
+def unbiased_residual_release(params, residual_range, centres, labels, secret: Secret, *,
+                              accounting: Accounting | None = None):
     """``(centres + Ỹ, Ỹ)`` where Ỹ is the unbiased release of clip(y - centre, c_lo, c_hi): labels unbiased for
-    ``centres + clip(y - centres)``, noise scaled to the residual range. One release per label."""
+    ``centres + clip(y - centres)``, noise scaled to the residual range. One release per label (recorded in
+    ``accounting``, if given, by :func:`rpwjax.release_path.release`)."""
     c_lo, c_hi = residual_range
     z = np.clip(np.asarray(labels, np.float64) - centres, c_lo, c_hi)
-    noisy = release(params, secret, z)
+    noisy = release(params, secret, z, accounting=accounting)
     return centres + noisy, noisy

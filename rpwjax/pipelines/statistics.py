@@ -8,6 +8,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from rpwjax.accounting import Accounting, account
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.noise import BitStream, discrete_laplace
@@ -15,18 +16,24 @@ from rpwjax.noise import BitStream, discrete_laplace
 MEAN_RESOLUTION = 1 << 20  # labels are rounded to (hi - lo) / this before the private sum
 
 
-def private_mean(labels, lo, hi, epsilon, secret: Secret) -> float:
+def private_mean(labels, lo, hi, epsilon, secret: Secret, *, accounting: Accounting | None = None,
+                 purpose: str = "mean") -> float:
     """ε-DP mean of labels in the public [lo, hi], clipped to [lo, hi]; exact integer noise.
 
     Each label is rounded to one of R + 1 levels q_i = round(R (y_i - lo)/(hi - lo)) (R =
     :data:`MEAN_RESOLUTION`), so replacing one label moves the integer sum Σ q_i by at most R;
     discrete Laplace noise of rate ε/R makes the sum ε-DP. Noise scale (hi - lo)/(n ε) as for the
-    continuous Laplace mean; rounding moves the mean by at most (hi - lo)/(2R).
+    continuous Laplace mean; rounding moves the mean by at most (hi - lo)/(2R). ``accounting``, if given, gets
+    the entry (``purpose``) over the rows it was given.
     """
     lo, hi = check_range(lo, hi)
     eps = float(check_epsilon(epsilon))
     check_secret(secret)
     y = check_labels(labels, lo, hi)
+    if account(accounting) is not None:
+        accounting.spend(purpose, eps, sensitivity=f"{MEAN_RESOLUTION} on the integer sum of the labels at "
+                         f"{MEAN_RESOLUTION} + 1 levels of the range",
+                         mechanism=f"discrete Laplace of rate epsilon/{MEAN_RESOLUTION} on that sum")
     q = np.rint(MEAN_RESOLUTION * (y - lo) / (hi - lo)).astype(np.int64)
     z = discrete_laplace(Fraction(eps) / MEAN_RESOLUTION, BitStream(secret, "mean"))
     total = int(q.sum()) + z
@@ -88,7 +95,8 @@ def bounded_design(scores):
 STATISTIC_RESOLUTION = 1 << 20  # terms of X^T(y - c) are rounded to (hi - lo)·bound / this
 
 
-def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound: float):
+def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound: float,
+                       accounting: Accounting | None = None):
     """ε-DP least squares with public features: only Xᵀ(y - c) reads the labels (c the range midpoint).
 
     Replacing one label changes Xᵀy by x_i (y - y'), |y - y'| <= hi - lo and ||x_i||₁ <= ``bound``:
@@ -98,11 +106,16 @@ def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound
     makes them ε-DP (noise scale b = (hi - lo)·bound/ε up to a factor 1 + d/R). XᵀX is public. The ridge
     λ = 2b²/(τ² n), τ = (hi - lo)/4, is the posterior mean for coefficients of prior scale τ under
     noise of variance 2b² (a rule on public numbers: the noise is known, the labels are not read).
-    Returns θ (predict with ``design @ θ + c``)."""
+    Returns θ (predict with ``design @ θ + c``). ``accounting``, if given, gets the entry "linear-fit"."""
     eps, lo, hi, y, design = _fit_inputs(design, labels, lo, hi, epsilon, secret)
     norms = np.abs(design).sum(axis=1)
     if np.any(norms > bound * (1 + 1e-12)):
         raise InputError(f"every design row must have L1 norm <= bound={bound!r}, got {float(norms.max())!r}")
+    if account(accounting) is not None:
+        d = design.shape[1]
+        accounting.spend("linear-fit", eps, sensitivity=f"{STATISTIC_RESOLUTION} + {d} in L1 on the {d} integer "
+                         f"sums of X^T(y - c) (unit (hi - lo)·{bound:g}/{STATISTIC_RESOLUTION}): L1 bound {bound:g}",
+                         mechanism=f"discrete Laplace of rate epsilon/({STATISTIC_RESOLUTION} + {d}) per sum")
     centre = 0.5 * (lo + hi)
     unit = (hi - lo) * bound / STATISTIC_RESOLUTION
     noisy = _noisy_sums(design, y, centre, unit, eps, BitStream(secret, "statistics"))
@@ -204,7 +217,8 @@ def slope_noise(direction, width: float, epsilon: float) -> float:
     return math.sqrt(2.0) * kappa * float(width) / float(check_epsilon(epsilon)) / abs(float(w @ a))
 
 
-def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre: float) -> float:
+def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre: float,
+                  accounting: Accounting | None = None) -> float:
     """ε-DP slope α of the labels on a public direction a (one number per row): y ≈ centre + α·a.
 
     Only Σ w_i (y_i - centre) reads the labels, with public weights w = a clipped to ±κ (κ the
@@ -213,7 +227,7 @@ def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre:
     every term is rounded to a multiple of κ·(hi - lo)/R, so one label moves the integer sum by at most
     R + 1, and discrete Laplace noise of rate ε/(R + 1) makes it ε-DP. Returns the instrumental-variable estimate
     (noisy Σ w (y - centre))/Σ w·a, unclipped. ``centre`` must lie in [lo, hi]; a has to be nonzero
-    somewhere (the caller has nothing to calibrate otherwise)."""
+    somewhere (the caller has nothing to calibrate otherwise). ``accounting``, if given, gets the entry "slope"."""
     eps = float(check_epsilon(epsilon))
     lo, hi = check_range(lo, hi)
     check_secret(secret)
@@ -224,6 +238,10 @@ def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre:
     if not lo <= centre <= hi:
         raise InputError(f"centre must lie in the range [{lo}, {hi}], got centre={centre!r}")
     kappa, w = _slope_weights(a)
+    if account(accounting) is not None:
+        accounting.spend("slope", eps, sensitivity=f"{STATISTIC_RESOLUTION} + 1 on the integer sum of w·(y - centre) "
+                         f"(unit (hi - lo)·{kappa:g}/{STATISTIC_RESOLUTION}, weights clipped to ±{kappa:g})",
+                         mechanism=f"discrete Laplace of rate epsilon/({STATISTIC_RESOLUTION} + 1)")
     unit = (hi - lo) * kappa / STATISTIC_RESOLUTION
     total = int(_noisy_sums(w[:, None], y, centre, unit, eps, BitStream(secret, "slope"))[0])
     return float(total * unit / float(w @ a))
@@ -270,7 +288,7 @@ def _cell_system(design, cells, width: float, epsilon: float):
     return z, (epsilon * count / width) ** 2 / 2, count
 
 
-def private_cell_fit(design, labels, lo, hi, epsilon, secret: Secret, *, cells):
+def private_cell_fit(design, labels, lo, hi, epsilon, secret: Secret, *, cells, accounting: Accounting | None = None):
     """ε-DP linear fit from the labels' means in public cells of the rows (parallel composition).
 
     Every row lies in one cell (``cells``, e.g. :func:`median_cells` of the design's scores), so the C cell
@@ -281,12 +299,17 @@ def private_cell_fit(design, labels, lo, hi, epsilon, secret: Secret, *, cells):
     :func:`private_linear_fit`: θ = (ZᵀΩZ + I/τ²)⁻¹ZᵀΩ(m̃ - c). No L1 bound enters: a cell mean's
     sensitivity, (hi - lo)/n_c, does not depend on the features, and the coefficients do not share one
     budget as the sums of :func:`private_linear_fit` do. ``cells`` must be a function of the public features
-    only. Returns (θ, c) as :func:`private_linear_fit` does (predict with ``design @ θ + c``)."""
+    only. Returns (θ, c) as :func:`private_linear_fit` does (predict with ``design @ θ + c``). ``accounting``, if
+    given, gets the partition "cells" and one entry "cell-mean" per cell, over that cell's rows."""
     eps, lo, hi, y, design = _fit_inputs(design, labels, lo, hi, epsilon, secret)
     z, weight, count = _cell_system(design, cells, hi - lo, eps)
     order = np.argsort(np.asarray(cells), kind="stable")
     groups = np.split(y[order], np.cumsum(count.astype(np.int64))[:-1])
     centre = 0.5 * (lo + hi)
-    means = np.array([private_mean(g, lo, hi, eps, secret.child("cell", c)) for c, g in enumerate(groups)])
+    if account(accounting) is not None:
+        accounting.partition("cells", np.asarray(cells))
+    means = np.array([private_mean(g, lo, hi, eps, secret.child("cell", c), purpose="cell-mean",
+                                   accounting=None if accounting is None else accounting.within("cells", c))
+                      for c, g in enumerate(groups)])
     information = z.T @ (z * weight[:, None]) + np.eye(z.shape[1]) / ((hi - lo) / 4) ** 2
     return np.linalg.solve(information, z.T @ (weight * (means - centre))), centre

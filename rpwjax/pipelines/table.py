@@ -110,8 +110,9 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
 
     ``epochs`` (stage-model epochs) is refused for a pipeline that trains no stage model. Every draw of
     the pipeline comes from ``secret`` bound to one release (``release_id``, fresh by default, unless
-    ``secret`` is already bound; the sidecar records it). ``before_commit(rows)``, if given, runs once the
-    output is complete and before it appears; the dict it returns joins the sidecar. ``features`` /
+    ``secret`` is already bound; the sidecar records it). ``before_commit(rows, accounting)``, if given, runs
+    once the output is complete and before it appears, with the pipeline's record (its serialized account,
+    :class:`rpwjax.accounting.Accounting`); the dict it returns joins the sidecar. ``features`` /
     ``exclude``: the feature columns on purpose (:func:`rpwjax.tables.choose_features`). ``progress``: bars
     on stderr for each step (reading, the pipeline's steps, writing). ``report(line)``, if given, receives
     the feature choice in words.
@@ -174,7 +175,7 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
         if rows != y.size:
             raise InputError(f"{str(input_path)!r} changed while it was read ({y.size} rows, then {rows})")
         if before_commit is not None:
-            sidecar.update(before_commit(rows))
+            sidecar.update(before_commit(rows, record))
         tmp_json.write_text(dump(sidecar))
     return sidecar
 

@@ -52,6 +52,7 @@ import dataclasses
 
 import numpy as np
 
+from rpwjax.accounting import Accounting, record_fields
 from rpwjax.errors import InputError, check_epsilon, check_integer, check_labels, check_range
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import entry
@@ -126,6 +127,11 @@ class TwoStageRun:
         # the split is independent of the labels (and of ε, so runs at several ε share it)
         order = np.random.default_rng(int.from_bytes(secret.digest("split"), "big")).permutation(n)
         self.part_a, self.part_b = np.sort(order[:n_a]), np.sort(order[n_a:])
+        # the account: partition "split", part 0 is A and part 1 is B (each part's releases read its rows only)
+        self.accounting = Accounting(n, self.epsilon)
+        split = np.zeros(n, np.int64)
+        split[self.part_b] = 1
+        self.accounting.partition("split", split)
         self._secret = secret.for_epsilon(self.epsilon)
         self.eps1 = config.prior_fraction * self.epsilon
         self.eps2 = self.epsilon - self.eps1
@@ -139,8 +145,8 @@ class TwoStageRun:
         fit_fn, uses_prior = row.fit, row.uses_prior
         if uses_prior:
             prior = private_histogram(y_a, self.lo, self.hi, self.eps1, bins=cfg.bins,
-                                                secret=self._secret.child("stage1-histogram"),
-                                      **_PROJECTED)
+                                      secret=self._secret.child("stage1-histogram"), **_PROJECTED,
+                                      accounting=self.accounting.within("split", 0))
             eps_mech = self.eps2
         else:  # a prior-free mechanism gets all of ε on part A
             prior, eps_mech = None, self.epsilon
@@ -149,7 +155,7 @@ class TwoStageRun:
             np.array([self.lo]), np.array([self.hi]), np.array([1.0]), self.lo, self.hi, False, "none"), eps_mech, **options)
         self.stage1_params, self.stage1_epsilon = params, eps_mech
         self.global_prior = prior
-        noisy = release(params, self._secret.child("stage1"), y_a)
+        noisy = release(params, self._secret.child("stage1"), y_a, accounting=self.accounting.within("split", 0))
         self.stage1_outputs = noisy
         # m1 learns from the private outputs; RPWithPrior's are denoised under the global prior first
         if cfg.stage1 == "rpwithprior":
@@ -168,20 +174,22 @@ class TwoStageRun:
         m1 = np.clip(np.asarray(predictions, np.float64), self.lo, self.hi)
         b = self.part_b
         y_b = self._y[b]
+        part_b = self.accounting.within("split", 1)
         self.residual_edges, self.residual_mass = residual_histogram(
-            y_b - m1[b], width, self.eps1, bins=cfg.residual_bins, secret=self._secret.child("residual-histogram"))
+            y_b - m1[b], width, self.eps1, bins=cfg.residual_bins, secret=self._secret.child("residual-histogram"),
+            accounting=part_b)
         if cfg.stage2 == "rpwithprior":
             residual_prior = histogram_prior(self.residual_edges, self.residual_mass)
             self.zeta = float(choose_zeta(residual_prior, self.eps2)[0])
             priors = shifted_priors(self.residual_edges, self.residual_mass, m1[b], self.lo, self.hi, self.global_prior)
             params = fit_rpwithprior_per_row(priors, self.zeta, self.eps2)
-            noisy = release(params, self._secret.child("stage2"), y_b)
+            noisy = release(params, self._secret.child("stage2"), y_b, accounting=part_b)
             self.stage2_params, self.stage2_outputs = params, noisy
             self.labels_b = posterior_mean_per_row(params, priors, noisy)
         else:
             params, (c_lo, c_hi), _ = unbiased_residual_fit(self.residual_edges, self.residual_mass, width, self.eps2)
             self.labels_b, noisy = unbiased_residual_release(params, (c_lo, c_hi), m1[b], y_b,
-                                                             self._secret.child("stage2"))
+                                                             self._secret.child("stage2"), accounting=part_b)
             self.residual_range = (c_lo, c_hi)
             self.stage2_params, self.stage2_outputs = params, noisy
             self.zeta = None
@@ -215,22 +223,19 @@ class TwoStageRun:
 
     @property
     def record(self) -> dict:
-        """The accounting: per part, what was spent on what (JSON-ready)."""
+        """The settings per part and the account (JSON-ready): its entries read part A or part B of the
+        partition "split"."""
         cfg = self.config
         return {
             "pipeline": "two-stage",
-            "epsilon": self.epsilon,
             "range": [self.lo, self.hi],
-            "part_a": {"rows": int(self.part_a.size),
-                       "prior_histogram_epsilon": self.epsilon - self.stage1_epsilon,
-                       "mechanism": cfg.stage1, "mechanism_epsilon": self.stage1_epsilon, "bins": cfg.bins},
-            "part_b": {"rows": int(self.part_b.size), "residual_histogram_epsilon": self.eps1,
-                       "mechanism": cfg.stage2, "mechanism_epsilon": self.eps2, "residual_bins": cfg.residual_bins,
+            "part_a": {"rows": int(self.part_a.size), "mechanism": cfg.stage1, "bins": cfg.bins},
+            "part_b": {"rows": int(self.part_b.size), "mechanism": cfg.stage2, "residual_bins": cfg.residual_bins,
                        "zeta": self.zeta},
-            "per_label_epsilon": self.epsilon,
             "denoised": cfg.stage2 == "rpwithprior",
             "release": {"part_a": sidecar_fields(self.stage1_params),
                         "part_b": sidecar_fields(self.stage2_params)},
+            **record_fields(self.accounting),
         }
 
 
