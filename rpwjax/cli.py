@@ -424,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", choices=tuple(PLANS), default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_bench)
 
-    from rpwjax.audit.checks import DEFAULT_EPSILON, DEFAULT_SAMPLES
+    from rpwjax.audit.checks import DEFAULT_EPSILON
+    from rpwjax.audit.empirical import DEFAULT_SAMPLES
 
     p = sub.add_parser("audit", help="check each mechanism's privacy guarantee exactly and by sampling")
     p.add_argument("--mechanism", default=None, help="mechanism to audit, or 'all' (default)")

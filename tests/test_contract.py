@@ -62,9 +62,9 @@ from jax import lax
 from scipy import stats
 
 import rpwjax
-from rpwjax.audit.checks import _cell_masses as audit_cell_masses
-from rpwjax.audit.checks import _change as audit_change
-from rpwjax.audit.checks import label_grid
+from rpwjax.audit.exact import _cell_masses as audit_cell_masses
+from rpwjax.audit.exact import _change as audit_change
+from rpwjax.audit.exact import label_grid
 from rpwjax import Secret
 from rpwjax.mechanisms import MECHANISMS
 from rpwjax.mechanisms.additive import Laplace, gaussian_delta

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rpwjax import api, cli
-from rpwjax.audit.checks import clopper_pearson
+from rpwjax.audit.empirical import clopper_pearson
 from helpers import fixed_key, slow_unless
 
 N = 200_000

@@ -23,7 +23,8 @@ from rpwjax.mechanisms.base import label_mse_grid, sample_grid
 from rpwjax.errors import InputError
 from rpwjax.keys import Secret
 from rpwjax.priors import Prior, empirical_prior, histogram_prior, private_histogram
-from rpwjax.mechanisms.unbiased import default_extension, fit_unbiased, hat_moments, output_grid
+from rpwjax.mechanisms.unbiased import fit_unbiased, hat_moments
+from rpwjax.mechanisms.unbiased_lp import default_extension, output_grid
 from rpwjax.audit.verify import verify_record
 
 EPSILONS = np.array([0.1, 1.0, 4.0])
@@ -299,17 +300,17 @@ def test_a_peaked_prior_the_lp_solver_leaves_slightly_infeasible_is_still_fitted
 
 
 def test_an_lp_solution_the_polish_cannot_repair_is_solved_again_at_a_wider_margin(monkeypatch):
-    from rpwjax.mechanisms import unbiased
+    from rpwjax.mechanisms import unbiased_lp
 
-    real, slacks = unbiased._polish, []
+    real, slacks = unbiased_lp._polish, []
 
     def polish(problem, z, u, free, status, slack):
         slacks.append(slack)
         if slack < limit:
-            raise unbiased._TooFarFromFeasible("internal error: the unbiased LP solution is too far from feasible")
+            raise unbiased_lp._TooFarFromFeasible("internal error: the unbiased LP solution is too far from feasible")
         return real(problem, z, u, free, status, slack)
 
-    monkeypatch.setattr(unbiased, "_polish", polish)
+    monkeypatch.setattr(unbiased_lp, "_polish", polish)
     prior = discrete_prior([0.0, 0.4, 1.0], [0.2, 0.5, 0.3], 0.0, 1.0)
     limit = 1e-7
     params, info = fit_unbiased(prior, 2.0)

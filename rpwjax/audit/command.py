@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 
 from rpwjax.audit import checks, verify
+from rpwjax.audit.empirical import DEFAULT_SAMPLES
+from rpwjax.audit.report import format_table, legend, problem_lines, record_lines
 from rpwjax.errors import InputError
 
 
-def audit_lines(*, mechanism=None, epsilon=None, params=None, samples: int = checks.DEFAULT_SAMPLES, seed: int = 0,
+def audit_lines(*, mechanism=None, epsilon=None, params=None, samples: int = DEFAULT_SAMPLES, seed: int = 0,
                 audit_seed=None, as_json: bool = False) -> tuple[list[str], bool]:
     """``(lines to print, passed)``: a saved fit's audit when ``params`` (a file) is given, else
     :func:`rpwjax.audit.checks.run_audit` of ``mechanism`` (default all) at ``epsilon``."""
@@ -28,8 +30,8 @@ def audit_lines(*, mechanism=None, epsilon=None, params=None, samples: int = che
                        verified=record, key_check_pass=out["keys"]["pass"], errors=out["broken"],
                        audit_seed=out["audit_seed"], **{"pass": out["pass"]})
             return [json.dumps(obj)], out["pass"]
-        lines = [checks.format_table([report])] if report is not None else []
-        lines += ["\n" + checks.legend(samples, out["keys"], out["audit_seed"]), *checks.record_lines(params, record)]
+        lines = [format_table([report])] if report is not None else []
+        lines += ["\n" + legend(samples, out["keys"], out["audit_seed"]), *record_lines(params, record)]
         reports = [report] if report is not None else []
     else:
         out = checks.run_audit(mechanism, epsilon, samples=samples, seed=seed, audit_seed=audit_seed)
@@ -44,6 +46,6 @@ def audit_lines(*, mechanism=None, epsilon=None, params=None, samples: int = che
             lines += [json.dumps({"error": line, "audit_seed": out["audit_seed"], "pass": False})
                       for line in out["broken"]]
             return lines, out["pass"]
-        lines = [checks.format_table(reports)] if reports else []
-        lines.append("\n" + checks.legend(samples, out["keys"], out["audit_seed"]))
-    return lines + checks.problem_lines(reports, out["keys"], out["broken"]), out["pass"]
+        lines = [format_table(reports)] if reports else []
+        lines.append("\n" + legend(samples, out["keys"], out["audit_seed"]))
+    return lines + problem_lines(reports, out["keys"], out["broken"]), out["pass"]

@@ -38,7 +38,7 @@ anything disagrees or the parameters are less private than stated:
 
    Pure: recomputed ε ≤ ε₂ + 1e-9 (+ 1e-12 relative, float rounding of e.g. Δ/scale).
 3. **The audit's checks of those parameters.** The exact check of the ideal
-   density (the one ``rpwjax audit`` runs, :mod:`rpwjax.audit.checks`)
+   density (the one ``rpwjax audit`` runs, :mod:`rpwjax.audit.exact`)
    and the as-implemented check :func:`rpwjax.realized.check` (the exact
    realized probability of every value the release path can emit), both
    against the *stated* ε₂ and δ: pure, max log ratio ≤ ε₂ + 1e-9 (exact) and
@@ -85,7 +85,11 @@ import numpy as np
 from rpwjax import certify, realized
 from rpwjax.api import (FORMAT_VERSION, REFIT_ABSOLUTE, REFIT_TOLERANCE, load_params, one_record, prior_from_record,
                         refit_record)
-from rpwjax.audit import checks
+from rpwjax.audit.checks import audit_mechanism, fit_record
+from rpwjax.audit.empirical import DEFAULT_SAMPLES
+from rpwjax.audit.exact import DEFAULT_GRID_SIZE, DELTA_RELATIVE_TOLERANCE, RATIO_TOLERANCE, exact_check, label_grid
+from rpwjax.audit.report import _judged_against
+from rpwjax.audit.shipped import new_audit_seed
 from rpwjax.errors import InputError, check_integer, show_value
 from rpwjax.io.atomic import read_json
 from rpwjax.mechanisms import entry
@@ -391,17 +395,17 @@ def _exact_stage(params, stated: dict, problems: list[str]) -> dict:
     eps2, delta = stated["epsilon_mechanism"], stated["delta"]
     try:
         with jax.enable_x64(True):
-            exact = checks.exact_check(params, checks.label_grid(params), checks.DEFAULT_GRID_SIZE, 0)
+            exact = exact_check(params, label_grid(params), DEFAULT_GRID_SIZE, 0)
     except Exception as err:  # noqa: BLE001 - a record whose parameters break the check fails it
         problems.append(f"exact check could not run: {type(err).__name__}: {err}")
         return {}
     problems += [f"exact check: {p}" for p in exact["info"].get("problems", [])]
     if params.pure:
         ratio = exact["max_ratio"]
-        if eps2 is not None and not ratio <= eps2 + checks.RATIO_TOLERANCE:
+        if eps2 is not None and not ratio <= eps2 + RATIO_TOLERANCE:
             problems.append(f"exact check: max log density ratio {ratio:.9g} exceeds epsilon_mechanism={eps2!r}")
         return {"exact_max_log_ratio": ratio}
-    if delta is not None and not exact["delta"] <= delta * (1 + checks.DELTA_RELATIVE_TOLERANCE):
+    if delta is not None and not exact["delta"] <= delta * (1 + DELTA_RELATIVE_TOLERANCE):
         problems.append(f"exact check: delta(epsilon) {exact['delta']:.9g} exceeds delta={delta!r}")
     return {"exact_delta": exact["delta"]}
 
@@ -639,7 +643,7 @@ def verified_release(record, *, name: str | None = None):
     return params, record, report
 
 
-def audit_params_file(path, *, samples: int = checks.DEFAULT_SAMPLES, seed: int = 0,
+def audit_params_file(path, *, samples: int = DEFAULT_SAMPLES, seed: int = 0,
                       audit_seed: int | None = None) -> dict:
     """Audit a saved fit (``rpwjax audit --params``): the record's verification (:func:`check_record`) and the
     exact, realized and empirical checks of its parameters, against the epsilon_mechanism and delta it states.
@@ -651,15 +655,15 @@ def audit_params_file(path, *, samples: int = checks.DEFAULT_SAMPLES, seed: int 
     """
     samples = check_integer(samples, "samples")
     seed = check_integer(seed, "seed", 0)
-    audit_seed = checks.new_audit_seed() if audit_seed is None else check_integer(audit_seed, "audit_seed", 0)
-    params, record = check_record(checks.fit_record(read_json(path)))
+    audit_seed = new_audit_seed() if audit_seed is None else check_integer(audit_seed, "audit_seed", 0)
+    params, record = check_record(fit_record(read_json(path)))
     keys = realized.key_space_check()
     report, broken = None, []
     if params is not None:
         try:
-            report = checks.audit_mechanism(params, samples=samples, seed=seed, name=record["mechanism"],
+            report = audit_mechanism(params, samples=samples, seed=seed, name=record["mechanism"],
                                             audit_seed=audit_seed)
-            report = checks._judged_against(report, record["epsilon_mechanism"], record["delta"])
+            report = _judged_against(report, record["epsilon_mechanism"], record["delta"])
         except Exception as err:  # noqa: BLE001 - parameters that break the audit fail it
             broken.append(f"{path}: could not be audited: {type(err).__name__}: {err}")
     ok = bool(record["pass"] and report is not None and report.passed and not broken and keys["pass"])
