@@ -65,6 +65,7 @@ class Accounting:
         self._where: tuple = ()  # a view's parts (see within)
         self._root = self
         self._running = None  # every row's (ε, δ) so far, kept as entries arrive (the check in spend)
+        self._all_rows = (0.0, 0.0)  # the same while every entry reads every row: no array of one per row
 
     # -- views and partitions ----------------------------------------------------------------------------------
     def within(self, partition: str, part: int) -> "Accounting":
@@ -119,8 +120,16 @@ class Accounting:
             raise InputError(f"a spend needs a finite epsilon >= 0 and a delta in [0, 1], got {epsilon!r}, {delta!r}")
         entry = Spend(purpose, epsilon, delta, self._where, sensitivity, mechanism)
         root = self._root
+        if root._running is None and not self._where:
+            eps, dlt = root._all_rows[0] + epsilon, root._all_rows[1] + delta
+            if eps > root.epsilon * (1 + TOLERANCE) or dlt > root.delta * (1 + TOLERANCE):
+                raise RuntimeError(f"{purpose} (epsilon {epsilon:g}, delta {delta:g}) would take every row to "
+                                   f"epsilon {eps:g}, delta {dlt:g}, past the claimed {root.epsilon:g}, {root.delta:g}")
+            root._all_rows = (eps, dlt)
+            root.spends.append(entry)
+            return entry
         if root._running is None:
-            root._running = np.zeros((2, root.rows))
+            root._running = np.tile(np.array([[root._all_rows[0]], [root._all_rows[1]]]), (1, root.rows))
         inside = self.mask() if self._where else slice(None)
         after = root._running[:, inside] + np.array([[epsilon], [delta]])
         eps, dlt = (float(v.max()) if v.size else 0.0 for v in after)

@@ -29,6 +29,7 @@ import warnings
 import numpy as np
 
 from rpwjax import certify, ledger
+from rpwjax.accounting import Accounting
 from rpwjax.api import FitOptions, load_params, prior_from_record, records_total
 from rpwjax.audit.verify import PUBLIC_PRIOR_KINDS, check_record, verified_release
 from rpwjax.mechanisms.base import Mechanism
@@ -394,7 +395,13 @@ def fit_file(labels_path, options: FitOptions, *, label_column=None, encoding=No
         problems = check_record(records[0], stop_early=True)[1]["problems"]
         if problems:
             raise InputError(f"--save: these parameters cannot be released: {problems[0]}")
-    run.finish(labels.size)
+    account = Accounting(labels.size, run.record["epsilon"])
+    for r in records:
+        if float(r["epsilon_prior"]) > 0:
+            account.spend("prior-histogram", float(r["epsilon_prior"]),
+                          sensitivity="one label moves one count between two bins",
+                          mechanism=f"the histogram's exact integer noise, fit for epsilon {float(r['epsilon']):g}")
+    run.finish(labels.size, account.to_json())
     if save:
         write_json(save, records[0])
     return records, run.line
@@ -472,6 +479,7 @@ def privatize_file(
                        report=report)
     if denoise == "debias" and mechanism is not None:
         check_debias(mechanism)  # before any fit
+    inline = not params  # the fit reads these labels (its histogram is on this release's account)
     if params:
         params, record, fit_prior = _params_release(params, options, run, prior_is_public)
     else:
@@ -484,10 +492,33 @@ def privatize_file(
     # the release draws from secret.child("release"); an inline fit from secret.child("fit")
     sidecar = release_file(input_path, output_path, label_column=label_column, params=params, secret=run.secret,
                            record=record, chunk_rows=chunk_rows, clip=clip, progress=progress, row_offset=row_offset,
-                           encoding=encoding, before_commit=run.finish, **post)
+                           encoding=encoding, before_commit=lambda rows: _finish(run, rows, record, inline=inline),
+                           **post)
     if run.line and report is not None:
         report(run.line)
     return sidecar
+
+
+def mechanism_account(rows: int, record: dict, *, epsilon: float, delta: float, histogram: bool) -> Accounting:
+    """The account of one mechanism's release of ``rows`` labels claimed (``epsilon``, ``delta``): the fit's
+    private histogram when these labels paid for it (``histogram``), then the release itself."""
+    account = Accounting(rows, epsilon, delta)
+    if histogram and float(record.get("epsilon_prior") or 0.0) > 0:
+        account.spend("prior-histogram", float(record["epsilon_prior"]),
+                      sensitivity="one label moves one count between two bins",
+                      mechanism="the histogram's exact integer noise (rpwjax.priors.private_histogram)")
+    account.spend("release", float(record["epsilon_mechanism"]), delta=float(record.get("delta") or 0.0),
+                  sensitivity="any label replaced by any other in the public range",
+                  mechanism=str(record["mechanism"]))
+    return account
+
+
+def _finish(run: ReleaseRun, rows: int, record: dict, *, inline: bool) -> dict:
+    """Commit the run with its account (an inline fit's histogram read these labels; a params file's did not)
+    and return the sidecar's fields, the account among them."""
+    account = mechanism_account(rows, record, epsilon=run.record["epsilon"], delta=run.record["delta"],
+                                histogram=inline).to_json()
+    return dict(run.finish(rows, account), accounting=account)
 
 
 def _params_release(path, options: FitOptions, run: ReleaseRun, prior_is_public: bool):

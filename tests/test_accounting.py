@@ -87,3 +87,29 @@ def test_disjoint_parts_compose_in_parallel_and_an_overspend_is_refused():
 def test_packed_partitions_round_trip():
     for parts in (np.array([0, 3, 1, -1]), np.arange(70_000) % 300, np.zeros(0, np.int64)):
         assert unpack_parts(pack_parts(parts), parts.size).tolist() == parts.tolist()
+
+
+@pytest.mark.parametrize("mechanism, eps, delta, histogram", [("rpwithprior", 1.0, 0.0, True), ("laplace", 0.5, 0.0, False),
+                                                               ("gaussian", 1.0, 1e-6, False)])
+def test_a_mechanisms_file_release_and_its_ledger_line_carry_one_account(tmp_path, mechanism, eps, delta, histogram):
+    """``privatize_file`` (the command's policy): the sidecar's account claims the release's ε and δ, the
+    private histogram of an inline fit (when the mechanism has one) and the release read every row, and the
+    ledger line copies the same entries."""
+    import rpwjax
+
+    y = np.random.default_rng(5).uniform(LO, HI, 400)
+    src = tmp_path / "a.csv"
+    src.write_text("y\n" + "\n".join(f"{v:.4f}" for v in y) + "\n")
+    ledger = tmp_path / "book.jsonl"
+    options = {"delta": delta} if delta else {}
+    sidecar = rpwjax.privatize_file(src, tmp_path / "o.csv", label_column="y", mechanism=mechanism, epsilon=eps,
+                                    range=(LO, HI), ledger=ledger, progress=False, **options)
+    account = Accounting.from_json(sidecar["accounting"])
+    assert (account.epsilon, account.delta, account.rows) == (eps, delta, y.size)
+    per_row_eps, per_row_delta = account.per_row()
+    np.testing.assert_allclose(per_row_eps, eps, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(per_row_delta, delta, rtol=1e-12, atol=0)
+    assert [s.purpose for s in account.spends] == ["prior-histogram", "release"] if histogram else ["release"]
+    line = json.loads(ledger.read_text().splitlines()[-1])
+    assert [(s["purpose"], s["epsilon"]) for s in line["accounting"]["spends"]] == \
+        [(s.purpose, s.epsilon) for s in account.spends]
