@@ -823,3 +823,46 @@ def test_privatize_table_leaves_identifiers_out_and_fills_gaps_and_curves_choose
     assert side["features"]["used"] == ["x"] and {"column": "age", "reason": "--exclude"} in side["features"]["left_out"]
     assert load_table(src, "y", LO, HI, exclude=["age"], report=lines.append).feature_names == ("x",)
 
+
+def test_the_rule_is_one_frozen_object_that_reaches_the_decisions_the_sidecar_and_explain(rng, tmp_path, capsys):
+    """Every number of the rule is a field of one frozen AutoRule: a rule passed in moves the decision it
+    names; the sidecar records the rule and the whole plan; ``privatize-table --explain`` prints the rule and
+    the public part of the plan (the one a real run starts from) and writes, reads and spends nothing; the
+    fair comparison follows the public feature-aware functions, not auto's module."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from rpwjax.pipelines.table import privatize_table
+    from helpers import run
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RULE.afford_rho = 1.0  # type: ignore[misc]
+    assert json.loads(json.dumps(RULE.to_json())) == RULE.to_json()
+    x, y = _data(rng, 1500)
+    public = auto.public_plan(x, y.size, LO, HI, 0.5)
+    strict = dataclasses.replace(RULE, afford_rho=1e-6)  # no component affordable: the calibrated branch
+    assert public.branch == "denoised" and auto.public_plan(x, y.size, LO, HI, 0.5, rule=strict).branch == "calibrated"
+    assert not hasattr(feature_prior, "auto")  # the baseline imports the feature-aware prior, not auto
+
+    src = tmp_path / "t.csv"
+    pacsv.write_csv(pa.table({**{f"x{j}": x[:, j] for j in range(x.shape[1])}, "value": y}), src)
+    out = tmp_path / "o.csv"
+    code, shown, err = run(["privatize-table", src, "-o", out, "--label-column", "value", "--range", LO, HI,
+                            "--epsilon", "0.5", "--explain", "--key-file", tmp_path / "no.key"], capsys)
+    assert code == 0, err
+    shown = json.loads(shown)
+    assert shown["rule"] == RULE.to_json() and shown["rows"] == y.size
+    assert shown["not_shown"] == ["fit", "calibration", "mechanism_epsilon", "groups"]
+    assert not set(shown["not_shown"]) & set(shown["plan"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]  # no output, no sidecar, no key, no ledger
+    sidecar = privatize_table(src, out, label_column="value", lo=LO, hi=HI, epsilon=0.5, secret=Secret.from_seed(3))
+    trace = sidecar["accounting"]["auto"]
+    assert trace["rule"] == shown["rule"]
+    assert {k: trace["plan"][k] for k in shown["plan"]} == shown["plan"]  # the labels did not move steps 1 to 3
+    assert trace["plan"]["fit"]["estimator"] in ("sums", "cells") and trace["plan"]["calibration"] is not None
+    assert trace["plan"]["mechanism_epsilon"] == sidecar["accounting"]["mechanism_epsilon"]
+    code, _, err = run(["privatize-table", src, "-o", tmp_path / "p.csv", "--label-column", "value", "--range", LO,
+                        HI, "--epsilon", "0.5", "--explain", "--pipeline", "linear-prior"], capsys)
+    assert code != 0 and "--explain shows the auto rule's plan" in err and not (tmp_path / "p.csv").exists()

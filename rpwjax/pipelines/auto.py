@@ -3,7 +3,8 @@ r"""``auto``: one pipeline for a user's table, every setting chosen by a rule wr
 The rule's numbers are one :class:`~rpwjax.pipelines.rule.AutoRule` (:data:`~rpwjax.pipelines.rule.DEFAULT_RULE`
 unless a caller passes another); its decisions are one :class:`~rpwjax.pipelines.rule.AutoPlan`, recorded in the
 sidecar (``record["auto"]``: the rule and the plan). Steps 1 to 3 read public numbers only (the design, the
-branch, the budget split: :func:`~rpwjax.pipelines.feature_aware.plan`). Step 4 releases the feature-aware prior (:func:`~rpwjax.pipelines.feature_aware.feature_aware_prior`)
+branch, the budget split: :func:`~rpwjax.pipelines.feature_aware.plan`; :func:`explain` shows them and spends
+nothing). Step 4 releases the feature-aware prior (:func:`~rpwjax.pipelines.feature_aware.feature_aware_prior`)
 and then the labels: on the ``denoised`` branch RPWithPrior with a per-row exact interval under the row's prior
 and the posterior mean (:func:`~rpwjax.pipelines.linear_prior.release_around`), on the ``unbiased`` branch the
 Unbiased mechanism on each centre group's clipped residuals (:func:`group_residual_range`); the ``calibrated``
@@ -30,7 +31,7 @@ from rpwjax.pipelines.feature_aware import (afforded_design, feature_aware_prior
 from rpwjax.pipelines.linear_prior import check_features, release_around
 from rpwjax.pipelines.residuals import (centre_groups, clipping_error, residual_clip_range, unbiased_residual_fit,
                                        unbiased_residual_release)
-from rpwjax.pipelines.rule import DEFAULT_RULE, AutoRule, GroupClip
+from rpwjax.pipelines.rule import DEFAULT_RULE, AutoPlan, AutoRule, GroupClip
 from rpwjax.priors import DEFAULT_BINS
 from rpwjax.release_path import sidecar_fields
 
@@ -91,6 +92,28 @@ def _grouped_unbiased(prior, y, lo, hi, eps2, secret: Secret, rule: AutoRule):
                        "label_variance": float(np.asarray(fit[2]["label_mse"]).reshape(-1)[0]),
                        **sidecar_fields(fit[0])})
     return out, {"denoised": False, "groups": len(fields), "release": fields}, tuple(clips)
+
+
+def public_plan(features, rows: int, lo, hi, epsilon, *, branch: str | None = None,
+                rule: AutoRule = DEFAULT_RULE) -> AutoPlan:
+    """Steps 1 to 3 of the rule for a table of ``rows`` rows with public ``features`` (n, d), range [lo, hi] and
+    ``epsilon``: the plan :func:`auto_labels` would start from. Reads no label and spends nothing (the
+    features, n, ε and the range are public)."""
+    lo, hi = check_range(lo, hi)
+    eps = float(check_epsilon(epsilon))
+    design, bound = afforded_design(check_features(features, np.zeros(int(rows))), eps, rule=rule)
+    return plan(eps, int(rows), design.shape[1] - 1, bound, hi - lo, branch, rule)
+
+
+def explain(features, rows: int, lo, hi, epsilon, *, branch: str | None = None, rule: AutoRule = DEFAULT_RULE) -> dict:
+    """What ``auto`` would decide before it reads a label: the rule and the public part of the plan (steps 1 to
+    3, :func:`public_plan`), with ``"not_shown"`` naming step 4's decisions. Those read the labels through the
+    private fit and residual histogram, so showing them would release label information that no ε accounts
+    for; they are in the sidecar of a real run, where their releases are paid for."""
+    p = public_plan(features, rows, lo, hi, epsilon, branch=branch, rule=rule)
+    hidden = [] if p.branch == "calibrated" else ["fit", "calibration", "mechanism_epsilon", "groups"]
+    return {"rule": rule.to_json(), "plan": {k: v for k, v in p.to_json().items() if k not in hidden},
+            "not_shown": hidden}
 
 
 def auto_labels(features, labels, lo, hi, epsilon, *, secret: Secret, bins: int = DEFAULT_BINS, branch: str | None = None,

@@ -218,10 +218,6 @@ class AutoPlan:
     mechanism_epsilon: float | None = None  # step 4: what the release got (release_epsilon - ε_c)
     groups: tuple[GroupClip, ...] | None = None  # step 4, unbiased only
 
-    def public(self) -> AutoPlan:
-        """Steps 1 to 3 only (what reads no label)."""
-        return dataclasses.replace(self, fit=None, calibration=None, mechanism_epsilon=None, groups=None)
-
     def to_json(self) -> dict:
         out = {}
         for f in dataclasses.fields(self):

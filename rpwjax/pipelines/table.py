@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from rpwjax import io
 from rpwjax.errors import InputError, check_epsilon, check_integer, check_range
 from rpwjax.keys import Secret, secret_record
+from rpwjax.pipelines import auto
 from rpwjax.pipelines import pipeline as lookup
 from rpwjax.privatize import bind_release
 from rpwjax.tables import read_feature_table
@@ -179,3 +180,22 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
 def pipeline_steps(row) -> int:
     """How many steps ``row.run`` reports (``auto``: design, statistics, release; the others: one)."""
     return 3 if row.kind == "auto" else 1
+
+
+def explain_table(input_path, *, label_column: str, lo: float, hi: float, epsilon: float, pipeline: str = "auto",
+                  encoding=None, features=None, exclude=None) -> dict:
+    """What ``privatize_table`` with an ``auto`` pipeline would decide before it reads a label: the rule and the
+    public part of its plan (:func:`rpwjax.pipelines.auto.explain`), on the features chosen and standardized as
+    a run would. Public inputs only (the features, the row count, ε and the range): no label is read beyond
+    its column's type, nothing is spent, nothing is written, no key is needed. Step 4's decisions read the
+    labels through paid releases, so they appear only in a real run's sidecar."""
+    row = lookup(pipeline)
+    if row.kind != "auto":
+        raise InputError(f"--explain shows the auto rule's plan; --pipeline {pipeline} follows no such rule")
+    eps = float(check_epsilon(epsilon))
+    lo, hi = check_range(lo, hi)
+    table = read_feature_table(input_path, label_column, encoding=encoding, features=features, exclude=exclude)
+    x, choice = standardized(table.features), table.choice
+    del table
+    return {"pipeline": pipeline, "rows": int(x.shape[0]), "feature_columns": list(choice.columns),
+            **auto.explain(x, x.shape[0], lo, hi, eps, branch=row.settings.get("branch"))}
