@@ -7,7 +7,7 @@ width W) and private statistics it pays for inside the same ε. Steps 1 to 3 (de
 calibrated, each unbiased group's clip) read released statistics. The steps in words, and the history of
 every number: docs/auto.md.
 
-This module is a leaf: the statistics and residual functions take their numbers from an :class:`AutoRule`
+This module imports no pipeline module: the statistics and residual functions take their numbers from an :class:`AutoRule`
 (their defaults are :data:`DEFAULT_RULE`'s), so that a rule passed to :func:`rpwjax.pipelines.auto.auto_labels`
 reaches every decision.
 """
