@@ -208,8 +208,13 @@ def _pipeline_names() -> list[str]:
 
 
 def cmd_privatize_table(args) -> int:
-    from rpwjax.pipelines.table import privatize_table_file
+    from rpwjax.pipelines.table import explain_table, privatize_table_file
 
+    if args.explain:  # public numbers only: nothing read from a key, spent, recorded or written
+        print(json.dumps(explain_table(args.input, label_column=args.label_column, lo=args.range[0], hi=args.range[1],
+                                       epsilon=args.epsilon, pipeline=args.pipeline, encoding=args.encoding,
+                                       features=args.features, exclude=args.exclude), indent=2))
+        return 0
     sidecar, line = privatize_table_file(
         args.input, args.output, label_column=args.label_column, range=args.range, epsilon=args.epsilon,
         pipeline=args.pipeline, epochs=args.epochs, clip=args.clip, features=args.features, exclude=args.exclude,
@@ -355,6 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bars and no report of the feature columns")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing OUTPUT and OUTPUT.json (never a key file)")
+    p.add_argument("--explain", action="store_true",
+                   help="print the auto rule and the decisions it takes from public numbers (features, rows, "
+                        "epsilon, range) as JSON, and stop: no label released, no epsilon spent, OUTPUT not "
+                        "written (step 4's decisions read private statistics: they are in a real run's sidecar)")
     p.set_defaults(func=cmd_privatize_table)
 
     p = sub.add_parser("ledger", help="what each input has spent: the releases in a ledger and their total epsilon")

@@ -10,12 +10,20 @@ import pytest
 from rpwjax import InputError
 from rpwjax.keys import Secret
 from rpwjax.mechanisms.rpwithprior import fit_rpwithprior_per_row
-from rpwjax.pipelines import auto, feature_prior, linear_prior, pipeline, residuals
+from rpwjax.pipelines import auto, feature_aware, feature_prior, linear_prior, pipeline, residuals
+from rpwjax.pipelines.rule import DEFAULT_RULE as RULE
 from rpwjax.pipelines.statistics import public_design
 from rpwjax.accounting import Accounting
 from helpers import slow_unless, spends, spy
 
 LO, HI = 0.0, 5.0
+
+
+def _feature_prior(design, bound, y, p, secret, rule=RULE):
+    """auto's feature-aware prior under ``rule``: ``(prior, ε₂, calibration, fit)``, the last two as recorded."""
+    prior, planned = feature_aware.feature_aware_prior(design, bound, y, LO, HI, p, secret, rule)
+    recorded = planned.to_json()
+    return prior, planned.mechanism_epsilon, recorded["calibration"], recorded["fit"]
 
 
 def _data(rng, n):
@@ -40,22 +48,27 @@ def test_plan_reads_public_numbers_only_and_spends_exactly_epsilon():
             branches.append(p.branch)
             assert p.statistics_epsilon + p.residual_histogram_epsilon + p.release_epsilon == pytest.approx(eps, abs=1e-12)
             if p.row_prior == "mean-matched":  # the release cannot inform a model: 70% to the fit, 20% released
-                assert p.branch == "denoised" and p.unbiased_noise_ratio >= auto.UNINFORMATIVE_RELEASE
-                assert p.statistics_epsilon == pytest.approx(auto.UNINFORMATIVE_STATS_SHARE * eps, abs=1e-15)
+                assert p.branch == "denoised" and p.unbiased_noise_ratio >= RULE.uninformative_release
+                assert p.statistics_epsilon == pytest.approx(RULE.uninformative_statistics_share * eps, abs=1e-15)
                 assert p.release_epsilon == pytest.approx(0.2 * eps, abs=1e-12)
             else:
                 assert p.release_epsilon >= 0.4 * eps - 1e-12
                 assert p.row_prior == ("censored" if p.branch == "denoised" else None)
-                assert p.branch != "denoised" or p.unbiased_noise_ratio < auto.UNINFORMATIVE_RELEASE
-            assert p.rho_at_half == pytest.approx(auto.relative_coefficient_noise(rows, 8, 7.0, eps / 2))
+                assert p.branch != "denoised" or p.unbiased_noise_ratio < RULE.uninformative_release
+            # ρ is the fit's coefficient noise over a coefficient's scale: the noise falls as 1/(ε·n) and grows
+            # with the L1 bound; more coefficients share the same budget, each one smaller
+            assert auto.plan(eps, 2 * rows, 8, 7.0, 5.0).rho_at_half == pytest.approx(p.rho_at_half / 2)
+            assert auto.plan(eps, rows, 8, 14.0, 5.0).rho_at_half == pytest.approx(2 * p.rho_at_half)
+            assert auto.plan(eps, rows, 3, 7.0, 5.0).rho_at_half < p.rho_at_half
+            assert auto.plan(eps, rows, 8, 7.0, 20.0).rho_at_half == p.rho_at_half  # relative: W cancels
             if p.branch == "calibrated":
-                assert p.rho_at_half > auto.AFFORD_RHO and p.statistics_epsilon == 0.0
+                assert p.rho_at_half > RULE.afford_rho and p.statistics_epsilon == 0.0
             elif p.branch == "unbiased":
                 # the statistics take at most 15% of ε: the release's noise falls steeply with its ε
-                assert p.unbiased_noise_ratio < auto.UNBIASED_BELOW
+                assert p.unbiased_noise_ratio < RULE.unbiased_below
                 assert p.statistics_epsilon + p.residual_histogram_epsilon <= 0.15 * eps + 1e-12
             else:
-                assert p.unbiased_noise_ratio >= auto.UNBIASED_BELOW
+                assert p.unbiased_noise_ratio >= RULE.unbiased_below
         # more rows or more ε never moves the rule back from unbiased labels to denoised or calibrated ones
         order = {"calibrated": 0, "denoised": 1, "unbiased": 2}
         ranks = [order[b] for b in branches[-10:]]
@@ -100,7 +113,7 @@ def test_a_forced_branch_fixes_step_2_only():
         row = pipeline(name)
         assert row.kind == "auto" and dict(row.settings) == {"branch": branch}
     x, y = _data(np.random.default_rng(5), 1500)
-    design, bound = public_design(x, auto.COMPONENTS)
+    design, bound = public_design(x, RULE.components)
     assert auto.plan(0.5, 1500, design.shape[1] - 1, bound, HI - LO).branch == "denoised"  # what the rule picks
     labels, record = pipeline("auto-unbiased").run(x, y, LO, HI, 0.5, secret=Secret.from_seed(3))
     assert record["auto"]["plan"]["branch"] == "unbiased" and record["auto"]["plan"]["forced_branch"] == "unbiased"
@@ -122,7 +135,7 @@ def test_step_1_winsorizes_a_heavy_tailed_score_so_the_bound_keeps_its_signal(rn
     x = np.column_stack([heavy, rng.normal(size=(n, 2))])
     y = np.clip(1.0 + 0.25 * bulk * (np.abs(heavy) < 10) + 0.2 * rng.normal(size=n), LO, HI)
     raw = bounded_design(principal_scores(x, 3))
-    kept = bounded_design(winsorized_scores(principal_scores(x, 3), auto.SCORE_QUANTILE))
+    kept = bounded_design(winsorized_scores(principal_scores(x, 3), RULE.score_quantile))
     design, bound = auto.afforded_design(x, 1.0)
     np.testing.assert_array_equal(design, kept[0])
     assert bound == kept[1]
@@ -225,45 +238,41 @@ def test_cell_fit_reads_each_label_in_one_cell_and_its_noise_energy_is_the_measu
 def test_step_4_fits_on_cells_where_they_halve_the_noise_and_their_centres_err_less(rng):
     """Few components, few rows, a small ε (Crime at ε = 0.05): the sums' noise grows with the L1 bound B of the
     design's rows, a cell mean's does not, so the cells' noise energy is well under half and step 4 picks
-    them; over 12 secrets their centres err less. With more than CELL_COMPONENTS components the sums are
+    them; over 12 secrets their centres err less. With more than rule.cell_components components the sums are
     kept whatever the energies (no cells are formed). auto records the choice."""
     from rpwjax.pipelines import statistics
 
     x, y, design, bound, p = _one_feature(rng, 0.05, 0.4, 0.6)
-    choice = auto.linear_fit_choice(design, bound, HI - LO, p.statistics_epsilon)
-    assert p.branch == "denoised" and choice["estimator"] == "cells" and choice["cells"] == 2
-    assert choice["noise_cells"] <= auto.CELL_NOISE_RATIO * choice["noise_sums"]
+    choice, cells = feature_aware.linear_fit_choice(design, bound, HI - LO, p.statistics_epsilon)
+    assert p.branch == "denoised" and choice.estimator == "cells" and choice.cells == 2 == cells.max() + 1
+    assert choice.noise_cells <= RULE.cell_noise_ratio * choice.noise_sums
 
     def error(estimator, seed):
-        monkey = pytest.MonkeyPatch()
-        monkey.setattr(auto, "CELL_NOISE_RATIO", 0.0 if estimator == "sums" else np.inf)
-        try:
-            prior, _, _ = auto.feature_aware_prior(design, bound, y, LO, HI, p, Secret.from_seed(seed).for_epsilon(0.05))
-        finally:
-            monkey.undo()
-        assert prior.fit["estimator"] == estimator
+        rule = dataclasses.replace(RULE, cell_noise_ratio=0.0 if estimator == "sums" else np.inf)
+        prior, _, _, fit = _feature_prior(design, bound, y, p, Secret.from_seed(seed).for_epsilon(0.05), rule)
+        assert fit["estimator"] == estimator
         return np.mean((prior.centres - y) ** 2)
 
     errors = {e: np.mean([error(e, s) for s in range(12)]) for e in ("sums", "cells")}
     assert errors["cells"] < 0.8 * errors["sums"]
     _, record = auto.auto_labels(x, y, LO, HI, 0.05, secret=Secret.from_seed(5))
-    assert record["auto"]["fit"] == {k: v for k, v in choice.items() if k != "cell_index"}
+    assert record["auto"]["plan"]["fit"] == choice.to_json()
     wide = rng.normal(size=(y.size, 8))
     design, bound = auto.afforded_design(wide, 4.0)
-    assert design.shape[1] - 1 == auto.COMPONENTS > auto.CELL_COMPONENTS
-    choice = auto.linear_fit_choice(design, bound, HI - LO, 0.05)
-    assert choice["estimator"] == "sums" and choice["cells"] is None and choice["noise_cells"] is None
-    assert choice["noise_sums"] == statistics.fit_noise_energy(design, HI - LO, bound, 0.05)
-    assert choice["cell_index"] is None
+    assert design.shape[1] - 1 == RULE.components > RULE.cell_components
+    choice, cells = feature_aware.linear_fit_choice(design, bound, HI - LO, 0.05)
+    assert choice.estimator == "sums" and choice.cells is None and choice.noise_cells is None
+    assert choice.noise_sums == statistics.fit_noise_energy(design, HI - LO, bound, 0.05)
+    assert cells is None
 
 
 def test_step_1_affords_as_many_components_as_the_fit_can_pay_for(rng):
-    """Step 1's design: the most principal components (up to COMPONENTS) whose fit is affordable at ε/2, each
-    count with its own L1 bound; more ε never buys fewer; none affordable keeps COMPONENTS (branch calibrated)."""
+    """Step 1's design: the most principal components (up to rule.components) whose fit is affordable at ε/2, each
+    count with its own L1 bound; more ε never buys fewer; none affordable keeps them all (branch calibrated)."""
     from rpwjax.pipelines.statistics import bounded_design, principal_scores, winsorized_scores
 
     x = rng.normal(size=(1600, 12)) @ rng.normal(size=(12, 12))
-    scores = winsorized_scores(principal_scores(x, auto.COMPONENTS), auto.SCORE_QUANTILE)
+    scores = winsorized_scores(principal_scores(x, RULE.components), RULE.score_quantile)
     counts = []
     for eps in (0.01, 0.05, 0.1, 0.2, 0.4, 2.0):
         design, bound = auto.afforded_design(x, eps)
@@ -272,26 +281,26 @@ def test_step_1_affords_as_many_components_as_the_fit_can_pay_for(rng):
         expected, expected_bound = bounded_design(scores[:, :k])  # the first k components, winsorized, bounded
         np.testing.assert_allclose(design, expected, rtol=1e-12, atol=1e-12)
         assert bound == pytest.approx(expected_bound, rel=1e-12)
-        again, again_bound = auto.afforded_design(None, eps, scores=principal_scores(x, auto.COMPONENTS))
+        again, again_bound = auto.afforded_design(None, eps, scores=principal_scores(x, RULE.components))
         np.testing.assert_array_equal(again, design)  # one SVD for several ε (reproduce.auto_plans) is the same
         assert again_bound == bound
-        rho = auto.relative_coefficient_noise(x.shape[0], k, bound, eps / 2)
-        if rho <= auto.AFFORD_RHO:
-            if k < auto.COMPONENTS:  # one more component would not be affordable
+        rho = feature_aware.relative_coefficient_noise(x.shape[0], k, bound, eps / 2)
+        if rho <= RULE.afford_rho:
+            if k < RULE.components:  # one more component would not be affordable
                 _, wider = bounded_design(scores[:, :k + 1])
-                assert auto.relative_coefficient_noise(x.shape[0], k + 1, wider, eps / 2) > auto.AFFORD_RHO
+                assert feature_aware.relative_coefficient_noise(x.shape[0], k + 1, wider, eps / 2) > RULE.afford_rho
             assert auto.plan(eps, x.shape[0], k, bound, 1.0).branch != "calibrated"
         else:  # not even one component: the full design, and step 1 sends the data to the calibrated branch
-            assert k == auto.COMPONENTS and all(
-                auto.relative_coefficient_noise(x.shape[0], j, bounded_design(scores[:, :j])[1], eps / 2)
-                > auto.AFFORD_RHO for j in range(1, auto.COMPONENTS + 1))
+            assert k == RULE.components and all(
+                feature_aware.relative_coefficient_noise(x.shape[0], j, bounded_design(scores[:, :j])[1], eps / 2)
+                > RULE.afford_rho for j in range(1, RULE.components + 1))
             assert auto.plan(eps, x.shape[0], k, bound, 1.0).branch == "calibrated"
-    assert counts[0] == auto.COMPONENTS and counts[-1] == auto.COMPONENTS  # none affordable; all affordable
-    assert counts[1:] == sorted(counts[1:]) and len(set(counts[1:-1]) - {auto.COMPONENTS}) >= 2
+    assert counts[0] == RULE.components and counts[-1] == RULE.components  # none affordable; all affordable
+    assert counts[1:] == sorted(counts[1:]) and len(set(counts[1:-1]) - {RULE.components}) >= 2
     # auto records the count it used
     y = np.clip(1.0 + 0.2 * (x[:, 0] - x[:, 0].mean()) / x[:, 0].std() + 0.3 * rng.normal(size=1600), LO, HI)
     _, record = auto.auto_labels(x, y, LO, HI, 0.05, secret=Secret.from_seed(2))
-    assert record["auto"]["plan"]["components"] == counts[1] < auto.COMPONENTS
+    assert record["auto"]["plan"]["components"] == counts[1] < RULE.components
 
 
 @pytest.mark.parametrize("rows, eps, branch", slow_unless(
@@ -302,7 +311,11 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
     labels, record = auto.auto_labels(x, y, LO, HI, eps, secret=Secret.from_seed(11))
     plan = record["auto"]["plan"]
     design, bound = auto.afforded_design(x, eps)
-    assert plan == auto.plan(eps, rows, design.shape[1] - 1, bound, HI - LO).to_json()
+    public = auto.plan(eps, rows, design.shape[1] - 1, bound, HI - LO).to_json()  # steps 1 to 3: step 4 unset
+    step_4 = {k for k, v in public.items() if v is None and plan[k] is not None}
+    assert {k: v for k, v in plan.items() if k not in step_4} == {k: v for k, v in public.items() if k not in step_4}
+    assert step_4 == ({"fit", "mechanism_epsilon"} | {"denoised": {"calibration"}, "unbiased": {"groups"}}[branch]
+                      if branch != "calibrated" else set())
     assert plan["branch"] == branch and record["per_label_epsilon"] == record["epsilon"] == eps
     assert record["pipeline"] == "auto"
     account = Accounting.from_json(record)
@@ -312,15 +325,16 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
     assert spends(record, "slope") == ([eps_c] if eps_c > 0 else [])
     for s in releases:
         assert s.epsilon == pytest.approx(plan["release_epsilon"] - eps_c, abs=1e-15)
+        assert plan["mechanism_epsilon"] == (s.epsilon if branch != "calibrated" else None)
     if branch == "unbiased":  # one release per centre group, over that group's rows
         groups = account.part_sizes["centre-groups"]
         assert [s.rows for s in releases] == [(("centre-groups", g),) for g in groups] and sum(groups.values()) == rows
     else:
         assert [s.rows for s in releases] == [()]
     if branch == "denoised":
-        calibration = record["auto"]["calibration"]
-        assert calibration["epsilon"] == eps_c in (0.0, auto.CALIBRATION_SHARE * eps)
-        assert (eps_c > 0) == (calibration["signal_to_noise"] < auto.CALIBRATE_BELOW)
+        calibration = record["auto"]["plan"]["calibration"]
+        assert calibration["epsilon"] == eps_c in (0.0, RULE.calibration_share * eps)
+        assert (eps_c > 0) == (calibration["signal_to_noise"] < RULE.calibrate_below)
         assert record["row_prior"] == plan["row_prior"]  # the release uses the row prior the plan names
     else:
         assert eps_c == 0.0
@@ -331,7 +345,7 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
         assert histogram_epsilons == pytest.approx([eps / 4])  # what the noise was drawn with
     else:
         cells = [s for s in account.spends if s.purpose == "cell-mean"]
-        assert (cells != []) == (record["auto"]["fit"]["estimator"] == "cells")
+        assert (cells != []) == (record["auto"]["plan"]["fit"]["estimator"] == "cells")
         if cells:  # one mean per cell, each over its own cell's rows at ε_s: parallel composition
             assert [s.rows for s in cells] == [(("cells", c),) for c in account.part_sizes["cells"]]
             assert {s.epsilon for s in cells} == {plan["statistics_epsilon"]} and spends(record, "linear-fit") == []
@@ -360,7 +374,7 @@ def test_auto_unbiased_branch_is_eps2_private_and_unbiased_for_the_clipped_resid
     x, y = _data(rng, 20_000)
     labels, record = auto.auto_labels(x, y, LO, HI, 4.0, secret=Secret.from_seed(12))
     eps2 = record["auto"]["plan"]["release_epsilon"]
-    assert record["auto"]["plan"]["branch"] == "unbiased" and len(calls) == record["groups"] == auto.GROUPS
+    assert record["auto"]["plan"]["branch"] == "unbiased" and len(calls) == record["groups"] == RULE.groups
     assert sum(c[2].size for c in calls) == y.size
     grid = np.linspace(LO, HI, 201)
     errors, variances = [], []
@@ -389,7 +403,7 @@ def test_private_slope_moves_by_at_most_one_label_and_recovers_the_slope(rng, mo
 
     a = rng.standard_t(3, size=3000)
     y = np.clip(2.5 + 0.6 * a + rng.normal(size=a.size), LO, HI)
-    kappa = np.quantile(np.abs(a), statistics.SLOPE_CLIP_QUANTILE)
+    kappa = np.quantile(np.abs(a), RULE.slope_clip_quantile)
     w = np.clip(a, -kappa, kappa)
     exact = float(w @ (y - 2.5) / (w @ a))
     got = [statistics.private_slope(a, y, LO, HI, 50.0, Secret.from_seed(s), centre=2.5) for s in range(3)]
@@ -435,35 +449,34 @@ def test_clipped_slope_error_is_the_monte_carlo_error_and_guards_only_hopeless_s
     and for a good fit (ratio 3) with a slope of noise 2."""
     for alpha, noise in ((0.5, 1.3), (0.78, 0.28), (0.0, 1.0), (1.0, 3.0), (0.3, 0.05)):
         draws = np.clip(alpha + rng.laplace(0.0, noise / np.sqrt(2), 1_000_000), 0.0, 1.0)
-        assert auto.clipped_slope_error(alpha, noise) == pytest.approx(np.mean((draws - alpha) ** 2), rel=0.01)
-    assert auto.clipped_slope_error(0.4, 0.0) == 0.0
-    assert auto.slope_is_worth_it(3.0, 0.99 * auto.SLOPE_NOISE_BELOW)  # readable: calibrated
-    assert not auto.slope_is_worth_it(3.0, 2.0)
-    assert auto.slope_is_worth_it(0.0, 5.0) and auto.slope_is_worth_it(-0.7, 5.0)
-    assert auto.clipped_slope_error(0.75, 2.0) > 0.25 ** 2
+        assert feature_aware.clipped_slope_error(alpha, noise) == pytest.approx(np.mean((draws - alpha) ** 2), rel=0.01)
+    assert feature_aware.clipped_slope_error(0.4, 0.0) == 0.0
+    assert feature_aware.slope_is_worth_it(3.0, 0.99 * RULE.slope_noise_below)  # readable: calibrated
+    assert not feature_aware.slope_is_worth_it(3.0, 2.0)
+    assert feature_aware.slope_is_worth_it(0.0, 5.0) and feature_aware.slope_is_worth_it(-0.7, 5.0)
+    assert feature_aware.clipped_slope_error(0.75, 2.0) > 0.25 ** 2
 
 
 def test_calibration_is_skipped_where_its_slope_is_too_noisy_to_help(rng, monkeypatch):
-    """1,600 rows at ε = 0.1, a fit whose ratio is often below CALIBRATE_BELOW: the slope's noise at ε_c
+    """1,600 rows at ε = 0.1, a fit whose ratio is often below rule.calibrate_below: the slope's noise at ε_c
     (slope_noise) is then wider than [0, 1]. The slope is paid for exactly when slope_is_worth_it says so; where
     it is not (a slope that noisy, clipped, errs more than keeping the fit), nothing is paid, the slope stays
     1, the release keeps the plan's ε₂, and the record holds the slope's noise."""
     x, y, design, bound, p = _one_feature(rng, 0.1, 0.25, 0.8)
     assert p.branch == "denoised" and p.row_prior == "censored"
-    paid = spy(monkeypatch, auto, "private_slope", lambda a, k: float(a[4]))
+    paid = spy(monkeypatch, feature_aware, "private_slope", lambda a, k: float(a[4]))
     skipped = 0
     for seed in range(12):
         before = len(paid)
-        prior, eps2, calibration = auto.feature_aware_prior(design, bound, y, LO, HI, p,
-                                                            Secret.from_seed(seed).for_epsilon(0.1))
-        if calibration["signal_to_noise"] >= auto.CALIBRATE_BELOW:
+        prior, eps2, calibration, _ = _feature_prior(design, bound, y, p, Secret.from_seed(seed).for_epsilon(0.1))
+        if calibration["signal_to_noise"] >= RULE.calibrate_below:
             assert calibration["slope_noise"] is None and len(paid) == before
             continue
-        worth = auto.slope_is_worth_it(calibration["signal_to_noise"], calibration["slope_noise"])
+        worth = feature_aware.slope_is_worth_it(calibration["signal_to_noise"], calibration["slope_noise"])
         assert (len(paid) == before + 1) == worth
         if not worth:
             skipped += 1
-            assert calibration["slope_noise"] >= auto.SLOPE_NOISE_BELOW
+            assert calibration["slope_noise"] >= RULE.slope_noise_below
             assert calibration["epsilon"] == 0.0 and calibration["slope"] == 1.0 and eps2 == p.release_epsilon
     assert skipped >= 3
 
@@ -476,23 +489,22 @@ def test_calibration_pulls_a_noise_fit_towards_a_constant_and_leaves_a_good_fit_
 
     x = rng.normal(size=(6000, 4))
     y = np.clip(LO + rng.exponential(1.0, size=x.shape[0]), LO, HI)  # features independent of the label
-    design, bound = public_design(x, auto.COMPONENTS)
+    design, bound = public_design(x, RULE.components)
     p = auto.plan(0.1, y.size, design.shape[1] - 1, bound, HI - LO)
     assert p.branch == "denoised"
 
     def centres_error(seed, below):
-        monkeypatch.setattr(auto, "CALIBRATE_BELOW", below)
-        prior, eps2, calibration = auto.feature_aware_prior(design, bound, y, LO, HI, p,
-                                                            Secret.from_seed(seed).for_epsilon(0.1))
+        prior, eps2, calibration, _ = _feature_prior(design, bound, y, p, Secret.from_seed(seed).for_epsilon(0.1),
+                                                     dataclasses.replace(RULE, calibrate_below=below))
         return float(np.mean((y - prior.centres) ** 2) - y.var()), eps2, calibration  # the error a constant adds
 
     ratios, calibrated, plain = [], [], []
-    below = auto.CALIBRATE_BELOW
+    below = RULE.calibrate_below
     for seed in range(8):
         error, eps2, calibration = centres_error(seed, below)
         ratios.append(calibration["signal_to_noise"])
         if calibration["epsilon"] > 0:
-            assert eps2 == pytest.approx(p.release_epsilon - auto.CALIBRATION_SHARE * 0.1, abs=1e-15)
+            assert eps2 == pytest.approx(p.release_epsilon - RULE.calibration_share * 0.1, abs=1e-15)
             assert 0.0 <= calibration["slope"] <= 1.0
             calibrated.append(error)
             plain.append(centres_error(seed, -np.inf)[0])
@@ -500,11 +512,10 @@ def test_calibration_pulls_a_noise_fit_towards_a_constant_and_leaves_a_good_fit_
     assert np.mean(calibrated) < 0.5 * np.mean(plain)
     # a well-measured fit: a large ratio, no calibration, the release keeps the plan's ε₂
     x, y = _data(rng, 20_000)
-    design, bound = public_design(x, auto.COMPONENTS)
+    design, bound = public_design(x, RULE.components)
     p = auto.plan(0.5, y.size, design.shape[1] - 1, bound, HI - LO)
-    monkeypatch.setattr(auto, "CALIBRATE_BELOW", below)
-    prior, eps2, calibration = auto.feature_aware_prior(design, bound, y, LO, HI, p, Secret.from_seed(1).for_epsilon(0.5))
-    assert p.branch == "denoised" and calibration["signal_to_noise"] > 10 * auto.CALIBRATE_BELOW
+    prior, eps2, calibration, _ = _feature_prior(design, bound, y, p, Secret.from_seed(1).for_epsilon(0.5))
+    assert p.branch == "denoised" and calibration["signal_to_noise"] > 10 * RULE.calibrate_below
     assert calibration == {"signal_to_noise": calibration["signal_to_noise"], "epsilon": 0.0, "slope": 1.0,
                            "slope_noise": None}
     assert eps2 == p.release_epsilon
@@ -515,7 +526,7 @@ def test_calibration_pulls_a_noise_fit_towards_a_constant_and_leaves_a_good_fit_
     # features that never vary: the centres are a constant, there is nothing to calibrate and nothing is paid
     _, record = auto.auto_labels(np.ones((y.size, 2)), y, LO, HI, 0.3, secret=Secret.from_seed(4))
     assert record["auto"]["plan"]["branch"] == "denoised"
-    assert record["auto"]["calibration"] == {"signal_to_noise": None, "epsilon": 0.0, "slope": 1.0, "slope_noise": None}
+    assert record["auto"]["plan"]["calibration"] == {"signal_to_noise": None, "epsilon": 0.0, "slope": 1.0, "slope_noise": None}
 
 
 def test_clipping_error_is_the_integral_under_the_histogram(rng):
@@ -534,23 +545,22 @@ def test_clipping_error_is_the_integral_under_the_histogram(rng):
 
 @pytest.mark.slow
 def test_auto_clips_residuals_less_as_epsilon_grows(rng, monkeypatch):
-    """Step 4 (unbiased): each group's clip quantile is the cheapest of CLIP_QUANTILES in bias² + variance, so
+    """Step 4 (unbiased): each group's clip quantile is the cheapest of rule.clip_quantiles in bias² + variance, so
     the 2% clip of moderate ε gives way to wider ranges where the release's noise is small, and the released
     labels get closer to the raw ones than with the 2% clip kept at every ε (heavy-tailed residuals, as in
     real tables, where the clip's bias is what is left at large ε)."""
     x = rng.normal(size=(20_000, 4))
     y = np.clip(2.0 + 0.9 * x[:, 0] - 0.5 * x[:, 1] + 0.3 * rng.standard_t(2, size=x.shape[0]), LO, HI)
 
-    def run(eps):
-        labels, record = auto.auto_labels(x, y, LO, HI, eps, secret=Secret.from_seed(31))
+    def run(eps, rule=RULE):
+        labels, record = auto.auto_labels(x, y, LO, HI, eps, secret=Secret.from_seed(31), rule=rule)
         assert record["auto"]["plan"]["branch"] == "unbiased"
         return [g["clip_quantile"] for g in record["release"]], float(np.mean((labels - y) ** 2))
 
     low, _ = run(2.0)
     high, error = run(64.0)
     assert set(low) == {0.02} and max(high) < 0.02
-    monkeypatch.setattr(auto, "CLIP_QUANTILES", (0.02,))
-    fixed, fixed_error = run(64.0)
+    fixed, fixed_error = run(64.0, dataclasses.replace(RULE, clip_quantiles=(0.02,)))
     assert set(fixed) == {0.02} and error < 0.7 * fixed_error
 
 
@@ -566,7 +576,7 @@ def test_denoised_release_reads_the_residual_model_as_censored_at_the_range(monk
     design, bound = public_design(x, 4)
     s = Secret.from_seed(7).for_epsilon(1.0)
     prior = linear_prior.linear_residual_prior(design, bound, y, 0.0, 20.0, 0.4, 0.1, s)
-    out = {c: linear_prior.release_around(prior, y, 0.0, 20.0, 0.5, s, "rpwithprior", levels=auto.LEVELS,
+    out = {c: linear_prior.release_around(prior, y, 0.0, 20.0, 0.5, s, "rpwithprior", levels=RULE.levels,
                                           row_prior="censored" if c else "truncated")[0] for c in (False, True)}
     bias = {c: abs(float(out[c].mean() - y.mean())) for c in out}
     error = {c: float(np.mean((out[c] - y) ** 2)) for c in out}
@@ -574,7 +584,7 @@ def test_denoised_release_reads_the_residual_model_as_censored_at_the_range(monk
     calls = spy(monkeypatch, linear_prior, "censored_priors", lambda a, k: a[2].size)
     _, record = auto.auto_labels(x, y, 0.0, 20.0, 0.5, secret=Secret.from_seed(8))
     # one call, with the rounded centres' levels (a row's prior is its level's, not built again per row)
-    assert record["auto"]["plan"]["branch"] == "denoised" and len(calls) == 1 and 1 < calls[0] <= auto.LEVELS + 1
+    assert record["auto"]["plan"]["branch"] == "denoised" and len(calls) == 1 and 1 < calls[0] <= RULE.levels + 1
 
 
 def test_mean_matched_row_priors_keep_the_centre_as_their_mean():
@@ -608,11 +618,11 @@ def test_an_uninformative_release_keeps_the_labels_on_the_centres(rng):
     x, y, design, bound, p = _one_feature(rng, 0.05, 0.4, 0.6)
     assert p.branch == "denoised" and p.row_prior == "mean-matched"
     s = Secret.from_seed(3).for_epsilon(0.05)
-    fitted, eps2, _ = auto.feature_aware_prior(design, bound, y, LO, HI, p, s)
+    fitted, eps2, _, _ = _feature_prior(design, bound, y, p, s)
     edges = np.linspace(-(HI - LO), HI - LO, 65)
     bad = dataclasses.replace(fitted, edges=edges,
                               mass=residuals._laplace_masses(edges, np.array([1.5]), np.array([2.0]))[0])
-    out = {mm: linear_prior.release_around(bad, y, LO, HI, eps2, s, "rpwithprior", levels=auto.LEVELS,
+    out = {mm: linear_prior.release_around(bad, y, LO, HI, eps2, s, "rpwithprior", levels=RULE.levels,
                                            row_prior="mean-matched" if mm else "censored")[0] for mm in (False, True)}
     shift = {mm: abs(float(out[mm].mean() - fitted.centres.mean())) for mm in out}
     assert shift[True] < 0.1 < 1.0 < shift[False]
@@ -671,8 +681,8 @@ def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(
     eps_c = sum(spends(record, "slope"))
     if components is None:
         assert fit == [0.05 * eps] and eps_c == 0.0
-        assert histogram_epsilons == pytest.approx([auto.CALIBRATED_PRIOR_FRACTION * eps], abs=1e-15)
-        eps2 = eps - fit[0] - auto.CALIBRATED_PRIOR_FRACTION * eps
+        assert histogram_epsilons == pytest.approx([RULE.calibrated_prior_share * eps], abs=1e-15)
+        eps2 = eps - fit[0] - RULE.calibrated_prior_share * eps
     else:
         assert design.shape[1] - 1 == components
         assert fit == [p.statistics_epsilon]
@@ -817,3 +827,47 @@ def test_privatize_table_leaves_identifiers_out_and_fills_gaps_and_curves_choose
     side = __import__("json").loads((tmp_path / "o.csv.json").read_text())
     assert side["features"]["used"] == ["x"] and {"column": "age", "reason": "--exclude"} in side["features"]["left_out"]
     assert load_table(src, "y", LO, HI, exclude=["age"], report=lines.append).feature_names == ("x",)
+
+
+def test_the_rule_is_one_frozen_object_that_reaches_the_decisions_the_sidecar_and_explain(rng, tmp_path, capsys):
+    """Every number of the rule is a field of one frozen AutoRule: a rule passed in moves the decision it
+    names; the sidecar records the rule and the whole plan; ``privatize-table --explain`` prints the rule and
+    the public part of the plan (the one a real run starts from) and writes, reads and spends nothing; the
+    fair comparison follows the public feature-aware functions, not auto's module."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from rpwjax.pipelines.table import privatize_table
+    from helpers import run
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RULE.afford_rho = 1.0  # type: ignore[misc]
+    assert json.loads(json.dumps(RULE.to_json())) == RULE.to_json()
+    x, y = _data(rng, 1500)
+    public = auto.public_plan(x, y.size, LO, HI, 0.5)
+    strict = dataclasses.replace(RULE, afford_rho=1e-6)  # no component affordable: the calibrated branch
+    assert public.branch == "denoised" and auto.public_plan(x, y.size, LO, HI, 0.5, rule=strict).branch == "calibrated"
+    assert not hasattr(feature_prior, "auto")  # the baseline imports the feature-aware prior, not auto
+
+    src = tmp_path / "t.csv"
+    pacsv.write_csv(pa.table({**{f"x{j}": x[:, j] for j in range(x.shape[1])}, "value": y}), src)
+    out = tmp_path / "o.csv"
+    code, shown, err = run(["privatize-table", src, "-o", out, "--label-column", "value", "--range", LO, HI,
+                            "--epsilon", "0.5", "--explain", "--key-file", tmp_path / "no.key"], capsys)
+    assert code == 0, err
+    shown = json.loads(shown)
+    assert shown["rule"] == RULE.to_json() and shown["rows"] == y.size
+    assert shown["not_shown"] == ["fit", "calibration", "mechanism_epsilon", "groups"]
+    assert not set(shown["not_shown"]) & set(shown["plan"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]  # no output, no sidecar, no key, no ledger
+    sidecar = privatize_table(src, out, label_column="value", lo=LO, hi=HI, epsilon=0.5, secret=Secret.from_seed(3))
+    trace = sidecar["accounting"]["auto"]
+    assert trace["rule"] == shown["rule"]
+    assert {k: trace["plan"][k] for k in shown["plan"]} == shown["plan"]  # the labels did not move steps 1 to 3
+    assert trace["plan"]["fit"]["estimator"] in ("sums", "cells") and trace["plan"]["calibration"] is not None
+    assert trace["plan"]["mechanism_epsilon"] == sidecar["accounting"]["mechanism_epsilon"]
+    code, _, err = run(["privatize-table", src, "-o", tmp_path / "p.csv", "--label-column", "value", "--range", LO,
+                        HI, "--epsilon", "0.5", "--explain", "--pipeline", "linear-prior"], capsys)
+    assert code != 0 and "--explain shows the auto rule's plan" in err and not (tmp_path / "p.csv").exists()

@@ -108,7 +108,7 @@ def test_validation_table_averages_folds_and_counts_unbiased_wins(tmp_path, monk
     from rpwjax.pipelines import auto
 
     for t in table.values():
-        assert t["rule"] == ("unbiased" if t["q"] < auto.UNBIASED_BELOW else "denoised")
+        assert t["rule"] == ("unbiased" if t["q"] < auto.DEFAULT_RULE.unbiased_below else "denoised")
         assert np.isclose(t["q"], auto.uniform_unbiased_variance(t["epsilon"]) * 12 / t["rows"])
     text = reproduce.auto_report(tmp_path)
     assert (tmp_path / "auto" / "validation.md").read_text() == text + "\n"

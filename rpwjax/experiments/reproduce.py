@@ -79,7 +79,7 @@ def _jobs() -> list[Job]:
     jobs += [Job(f"auto-fresh-{d}", f"{FRESH}/auto/{d}", ("--dataset", d, "--variants", *AUTO_VARIANTS, "--seeds", "5",
                                                        "--first-seed", "5"))
              for d in FRESH_DATASETS]
-    # auto's step 2 with each outcome forced, on five validation folds (the evidence for UNBIASED_BELOW)
+    # auto's step 2 with each outcome forced, on five validation folds (the evidence for AutoRule.unbiased_below)
     jobs += [Job(f"auto-validation-{d}-{s}", f"auto/validation/{d}/seed-{s}",
                  ("--dataset", d, "--mechanisms", "unbiased", "--variants", "auto-denoised", "auto-unbiased",
                   "--validation", "--validation-seed", str(s), "--epsilon", *VALIDATION_EPSILONS[d], "--seeds", "3"))
@@ -311,7 +311,7 @@ def auto_table(out) -> list[dict]:
 
 def auto_plans(split, epsilons) -> dict:
     """The auto rule's plan for each ε on a split's training rows (public numbers only)."""
-    scores = principal_scores(split.x_train, auto.COMPONENTS)  # one SVD for every ε
+    scores = principal_scores(split.x_train, auto.DEFAULT_RULE.components)  # one SVD for every ε
     plans = {}
     for e in epsilons:
         design, bound = auto.afforded_design(None, e, scores=scores)
@@ -375,7 +375,7 @@ def validation_table(out) -> list[dict]:
 
 def format_validation_table(table: list[dict]) -> str:
     lines = [f"Step 2 of auto's rule on validation folds (held-out quarters of the training rows, never a test "
-             f"row): unbiased labels when Q < {auto.UNBIASED_BELOW:g}. Test MSE on the held-out rows, mean over "
+             f"row): unbiased labels when Q < {auto.DEFAULT_RULE.unbiased_below:g}. Test MSE on the held-out rows, mean over "
              f"folds of the mean over 3 seeds.", "",
              "| data set | ε | Q (fold's rows) | forced denoised | forced unbiased | unbiased better in | the rule picks |",
              "|---|---|---|---|---|---|---|"]

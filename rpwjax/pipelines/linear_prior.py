@@ -13,6 +13,7 @@ decide between the releases after the first two (post-processing):
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms.rpwithprior import choose_zeta, fit_rpwithprior_per_row
 from rpwjax.pipelines.residuals import (censored_priors, mean_matched_priors, residual_histogram, shifted_priors,
                                        unbiased_residual_fit, unbiased_residual_release)
+from rpwjax.pipelines.rule import DEFAULT_RULE, AutoRule
 from rpwjax.pipelines.statistics import private_linear_fit, public_design
 from rpwjax.posterior import posterior_mean_per_row
 from rpwjax.priors import DEFAULT_BINS, histogram_prior
@@ -41,40 +43,42 @@ class LinearResidualPrior:
     mass: np.ndarray
     components: int
     l1_bound: float
-    fit: dict | None = None  # how the centres' linear fit was released, where the caller chose (auto's step 4)
 
 
 def linear_residual_prior(design, bound, labels, lo, hi, eps_s, eps1, secret: Secret, *,
-                          residual_bins: int = DEFAULT_BINS, accounting: Accounting | None = None
-                          ) -> LinearResidualPrior:
+                          residual_bins: int = DEFAULT_BINS, rule: AutoRule = DEFAULT_RULE,
+                          accounting: Accounting | None = None) -> LinearResidualPrior:
     """Releases 1 and 2: the ε_s-DP linear fit (child secret "statistics") and the ε₁-DP residual histogram
-    around it (child secret "residual-histogram"). ``secret`` is the pipeline's per-ε secret; both releases
-    are recorded in ``accounting``, if given."""
-    _, m = linear_centres(design, bound, labels, lo, hi, eps_s, secret, accounting=accounting)
+    around it (child secret "residual-histogram"), their numbers ``rule``'s. ``secret`` is the pipeline's per-ε
+    secret; both releases are recorded in ``accounting``, if given."""
+    _, m = linear_centres(design, bound, labels, lo, hi, eps_s, secret, rule, accounting=accounting)
     return residual_prior_around(m, design, bound, labels, lo, hi, eps1, secret, residual_bins=residual_bins,
-                                 accounting=accounting)
+                                 rule=rule, accounting=accounting)
 
 
-def linear_centres(design, bound, labels, lo, hi, eps_s, secret: Secret, *, accounting: Accounting | None = None):
-    """Release 1: the ε_s-DP linear fit (child secret "statistics" of the pipeline's per-ε ``secret``):
-    ``(θ, m)`` with the centres m = design·θ + c clipped to [lo, hi] (c the range's midpoint)."""
+def linear_centres(design, bound, labels, lo, hi, eps_s, secret: Secret, rule: AutoRule = DEFAULT_RULE, *,
+                   accounting: Accounting | None = None):
+    """Release 1: the ε_s-DP linear fit (child secret "statistics" of the pipeline's per-ε ``secret``; its ridge's
+    prior scale ``rule.prior_scale``): ``(θ, m)`` with the centres m = design·θ + c clipped to [lo, hi] (c the
+    range's midpoint)."""
     theta, centre = private_linear_fit(design, labels, lo, hi, eps_s, secret.child("statistics"), bound=bound,
-                                       accounting=accounting)
+                                       prior_scale=rule.prior_scale, accounting=accounting)
     return theta, np.clip(design @ theta + centre, lo, hi)
 
 
 def residual_prior_around(centres, design, bound, labels, lo, hi, eps1, secret: Secret, *,
-                          residual_bins: int = DEFAULT_BINS, accounting: Accounting | None = None
-                          ) -> LinearResidualPrior:
-    """Release 2: the ε₁-DP histogram of the residuals y - m (child secret "residual-histogram")."""
+                          residual_bins: int = DEFAULT_BINS, rule: AutoRule = DEFAULT_RULE,
+                          accounting: Accounting | None = None) -> LinearResidualPrior:
+    """Release 2: the ε₁-DP histogram of the residuals y - m (child secret "residual-histogram"; its grid and
+    thresholds ``rule``'s)."""
     edges, mass = residual_histogram(labels - centres, hi - lo, eps1, bins=residual_bins,
-                                     secret=secret.child("residual-histogram"), accounting=accounting)
+                                     secret=secret.child("residual-histogram"), rule=rule, accounting=accounting)
     return LinearResidualPrior(centres, edges, mass, int(design.shape[1] - 1), float(bound))
 
 
 def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Secret, stage2: str, *,
                    unbiased_fit=None, levels: int | None = None, row_prior: str = "truncated",
-                   accounting: Accounting | None = None):
+                   rule: AutoRule = DEFAULT_RULE, accounting: Accounting | None = None):
     """Release 3 (child secret "release"), once per label: ``(labels, fields)``.
 
     ``stage2="rpwithprior"``: RPWithPrior with a per-row exact interval under the row's prior (the residual
@@ -87,12 +91,12 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
     (:func:`~rpwjax.pipelines.residuals.shifted_priors`); "censored", the law of y = clip(m + r)
     (:func:`~rpwjax.pipelines.residuals.censored_priors`); "mean-matched", the censored one with the residual
     law centred and narrowed until its mean is the row's centre
-    (:func:`~rpwjax.pipelines.residuals.mean_matched_priors`). The release is recorded in ``accounting``, if
-    given.
+    (:func:`~rpwjax.pipelines.residuals.mean_matched_priors`, narrowed by ``rule``'s factors). The release is
+    recorded in ``accounting``, if given.
     """
     if stage2 not in STAGE2:
         raise InputError(f"stage2 must be one of {', '.join(STAGE2)}, got stage2={stage2!r}")
-    row_priors = row_prior_builder(row_prior)
+    row_priors = row_prior_builder(row_prior, rule)
     if stage2 == "unbiased":
         params, residual_range, _ = unbiased_fit or unbiased_residual_fit(prior.edges, prior.mass, hi - lo, eps2)
         out, _ = unbiased_residual_release(params, residual_range, prior.centres, labels, secret.child("release"),
@@ -130,11 +134,13 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
 ROW_PRIORS = ("truncated", "censored", "mean-matched")
 
 
-def row_prior_builder(name: str):
-    """The residuals function that builds row priors of kind ``name`` (:data:`ROW_PRIORS`), looked up when called."""
+def row_prior_builder(name: str, rule: AutoRule = DEFAULT_RULE):
+    """The residuals function that builds row priors of kind ``name`` (:data:`ROW_PRIORS`), looked up when called
+    (the mean-matched one narrows by ``rule``'s factors)."""
     if name not in ROW_PRIORS:
         raise InputError(f"row_prior must be one of {', '.join(ROW_PRIORS)}, got row_prior={name!r}")
-    return {"truncated": shifted_priors, "censored": censored_priors, "mean-matched": mean_matched_priors}[name]
+    mean_matched = functools.partial(mean_matched_priors, rule=rule)
+    return {"truncated": shifted_priors, "censored": censored_priors, "mean-matched": mean_matched}[name]
 
 
 def check_features(features, y) -> np.ndarray:

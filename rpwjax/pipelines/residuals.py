@@ -12,9 +12,9 @@ from rpwjax.keys import Secret
 from rpwjax.mechanisms import entry
 from rpwjax.accounting import Accounting, account
 from rpwjax.priors import Prior, histogram_prior, histogram_release, histogram_spend, project_counts
+from rpwjax.pipelines.rule import DEFAULT_RULE, AutoRule
 from rpwjax.release_path import release
 
-RESIDUAL_QUANTILE = 0.02  # the unbiased residual release clips residuals to these quantiles of the residual prior
 
 def _laplace_masses(edges, location, scale):
     """Masses of Laplace(location, scale) on bins ``edges`` (broadcast over leading axes), renormalised."""
@@ -24,49 +24,53 @@ def _laplace_masses(edges, location, scale):
     return m / m.sum(axis=-1, keepdims=True)
 
 
-def histogram_is_reliable(rows: int, epsilon: float, bins: int, tolerance: float = 0.1) -> bool:
+def histogram_is_reliable(rows: int, epsilon: float, bins: int,
+                          tolerance: float = DEFAULT_RULE.reliable_noise) -> bool:
     """Public rule: the noise (discrete Laplace, rate ε/2: scale about 2/ε) of a ``bins``-bin histogram of ``rows`` counts has relative
     L2 size sqrt(8·bins)/(ε·rows); trust the bins themselves when it is at most ``tolerance``."""
     return math.sqrt(8 * bins) / (epsilon * rows) <= tolerance
 
 
-def release_bins(rows: int, epsilon: float, most: int) -> int:
-    """Public rule for the residual release: the largest power of two <= ``most`` (at least 4) with about
-    eight or more rows per unit of noise scale per bin (rows·ε/2/bins >= 4)."""
-    k = 4
-    while k * 2 <= most and rows * epsilon / 2 / (k * 2) >= 4:
+def release_bins(rows: int, epsilon: float, most: int, rule: AutoRule = DEFAULT_RULE) -> int:
+    """Public rule for the residual release: the largest power of two <= ``most`` (at least
+    ``rule.fewest_residual_bins``) with rows·ε/2/bins >= ``rule.rows_per_noise_per_bin`` (rows per unit of the
+    noise scale 2/ε, per bin)."""
+    k = rule.fewest_residual_bins
+    while k * 2 <= most and rows * epsilon / 2 / (k * 2) >= rule.rows_per_noise_per_bin:
         k *= 2
     return k
 
 
-def residual_histogram(residuals, width, epsilon, *, bins: int, secret: Secret, resolution: int = 2,
+def residual_histogram(residuals, width, epsilon, *, bins: int, secret: Secret, rule: AutoRule = DEFAULT_RULE,
                        accounting: Accounting | None = None):
     """ε-DP residual prior over the public [-width, width]: (edges, masses).
 
-    One release: a ``bins``-bin noisy histogram of the residuals (:func:`rpwjax.priors.histogram_release`). When
-    it is reliable (:func:`histogram_is_reliable`, a rule on public numbers)
+    One release: a noisy histogram of the residuals (:func:`rpwjax.priors.histogram_release`) on at most ``bins``
+    bins (:func:`release_bins`). When it is reliable (:func:`histogram_is_reliable`, a rule on public numbers)
     its projected masses are the prior; otherwise a Laplace(μ, s) density is
     fitted to the noisy counts over a grid of (μ, s) (two
     parameters from all the bins: the noise averages out; least absolute
     deviations, the maximum-likelihood fit under Laplace noise) and its masses
-    are the prior. Either way the prior is given on ``resolution``·``bins`` bins.
-    Post-processing of the one release, so the cost is ε: ``accounting``, if given, gets the entry
-    "residual-histogram" over the rows it was given.
+    are the prior. Either way the prior is given on ``rule.residual_resolution``·``bins`` bins. The grid and
+    every threshold are ``rule``'s. Post-processing of the one release, so the cost is ε: ``accounting``, if
+    given, gets the entry "residual-histogram" over the rows it was given.
     """
     eps = float(check_epsilon(epsilon))
     r = np.asarray(residuals, np.float64)
+    resolution = rule.residual_resolution
     fine = np.linspace(-width, width, int(bins) * resolution + 1)
-    bins = release_bins(r.size, eps, int(bins))
+    bins = release_bins(r.size, eps, int(bins), rule)
     edges = np.linspace(-width, width, bins + 1)
     if account(accounting) is not None:
         histogram_spend(accounting, "residual-histogram", eps, bins)
     noisy = histogram_release(r, edges, eps, secret)
-    if histogram_is_reliable(r.size, eps, bins) and fine.size - 1 == bins * resolution:
+    if histogram_is_reliable(r.size, eps, bins, rule.reliable_noise) and fine.size - 1 == bins * resolution:
         c = project_counts(noisy, r.size)
         mass = c / c.sum() if c.sum() > 0 else np.full(c.size, 1.0 / c.size)
         return fine, np.repeat(mass / resolution, resolution)
-    locations = width * np.linspace(-0.5, 0.5, 81)
-    scales = width * np.geomspace(0.003, 1.0, 60)
+    span = rule.laplace_location_span
+    locations = width * np.linspace(-span, span, rule.laplace_locations)
+    scales = width * np.geomspace(*rule.laplace_scale_span, rule.laplace_scales)
     loc, sc = (g.ravel() for g in np.meshgrid(locations, scales, indexing="ij"))
     expected = r.size * _laplace_masses(edges, loc, sc)
     best = int(np.argmin(np.sum(np.abs(expected - noisy[None]), axis=1)))
@@ -142,14 +146,12 @@ def _grid_prior(masses, lo, hi) -> Prior:
                  False, "feature-aware")
 
 
-NARROWING = 0.9 ** np.arange(64)  # mean_matched_priors: the candidate factors λ, widest first (then 0)
-
-
-def mean_matched_priors(edges, mass, centres, lo, hi) -> Prior:
+def mean_matched_priors(edges, mass, centres, lo, hi, rule: AutoRule = DEFAULT_RULE) -> Prior:
     """Row i: the prior of y = clip(m_i + λ_i·(r - r̄), lo, hi), r from the residual histogram (uniform within its
     bins) and r̄ its mean, on the public grid of :func:`censored_priors`: the residual law centred on 0 and
-    narrowed by λ_i, the largest of 1, 0.9, 0.81, ... (64 of them, then 0) for which the prior's mean is m_i
-    to within half a bin of that grid (a point mass at m_i, λ = 0, always is). Post-processing.
+    narrowed by λ_i, the largest of 1, ν, ν², ... (ν = ``rule.narrowing``, ``rule.narrowing_steps`` of them,
+    then 0) for which the prior's mean is m_i to within half a bin of that grid (a point mass at m_i, λ = 0,
+    always is). Post-processing.
 
     For a release that cannot move a label far from its prior's mean (auto's step 3 says when): the labels
     are then close to the priors' means, and a model trained on them learns those means. The centres are the
@@ -166,7 +168,7 @@ def mean_matched_priors(edges, mass, centres, lo, hi) -> Prior:
     shifted = edges - float(mids @ (mass / mass.sum()))  # the residual law centred on its mean
     grid = np.linspace(lo, hi, mass.size + 1)
     middle = 0.5 * (grid[1:] + grid[:-1])
-    factors = np.concatenate([NARROWING, [0.0]])
+    factors = np.concatenate([rule.narrowing ** np.arange(rule.narrowing_steps), [0.0]])  # widest first
     out = np.empty((c.size, mass.size))
     for i, m in enumerate(c):
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -178,10 +180,7 @@ def mean_matched_priors(edges, mass, centres, lo, hi) -> Prior:
     return _grid_prior(out, lo, hi)
 
 
-CENTRE_GROUPS = 8  # public groups of rows by their centre (auto's unbiased release, the fair comparison)
-
-
-def centre_groups(centres, groups: int = CENTRE_GROUPS) -> list[tuple[int, np.ndarray]]:
+def centre_groups(centres, groups: int = DEFAULT_RULE.groups) -> list[tuple[int, np.ndarray]]:
     """Rows grouped by their centre m(x) into ``groups`` quantile groups (a function of released values and
     public features: post-processing): ``(group number, row indices)`` of the non-empty groups, lowest
     centres first (tied centres can leave a group empty; the numbers keep their quantile's place)."""
@@ -191,13 +190,14 @@ def centre_groups(centres, groups: int = CENTRE_GROUPS) -> list[tuple[int, np.nd
     return [(int(g), np.flatnonzero(group == g)) for g in np.unique(group)]
 
 
-def residual_clip_range(edges, mass, width, quantile: float = RESIDUAL_QUANTILE):
+def residual_clip_range(edges, mass, width, quantile: float = DEFAULT_RULE.clip_quantiles[0],
+                        narrowest: float = DEFAULT_RULE.narrowest_range):
     """The public-by-post-processing residual range [c_lo, c_hi] of the unbiased residual release: the
-    ``quantile`` and 1 - ``quantile`` quantiles of the residual prior, widened to at least ±5% of the width."""
+    ``quantile`` and 1 - ``quantile`` quantiles of the residual prior, widened to at least ±``narrowest``·width."""
     cdf = np.concatenate([[0.0], np.cumsum(mass)])
     c_lo = float(np.interp(quantile, cdf, edges))
     c_hi = float(np.interp(1 - quantile, cdf, edges))
-    return min(c_lo, -0.05 * width), max(c_hi, 0.05 * width)
+    return min(c_lo, -narrowest * width), max(c_hi, narrowest * width)
 
 
 def clipping_error(edges, mass, c_lo, c_hi, support=None):

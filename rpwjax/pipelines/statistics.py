@@ -12,6 +12,7 @@ from rpwjax.accounting import Accounting, account
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.noise import BitStream, discrete_laplace
+from rpwjax.pipelines.rule import DEFAULT_RULE
 
 MEAN_RESOLUTION = 1 << 20  # labels are rounded to (hi - lo) / this before the private sum
 
@@ -40,14 +41,14 @@ def private_mean(labels, lo, hi, epsilon, secret: Secret, *, accounting: Account
     return float(np.clip(lo + (hi - lo) * total / (MEAN_RESOLUTION * y.size), lo, hi))
 
 
-def public_design(features, components: int = 8):
+def public_design(features, components: int = DEFAULT_RULE.components):
     """Public transform of the features: top principal components scaled to unit variance, an intercept, and
-    every row's L1 norm clipped to the 95th percentile of the norms (features are public under label-DP).
+    every row's L1 norm clipped to a quantile of the norms (features are public under label-DP).
     ``(design, bound)``: :func:`bounded_design` of :func:`principal_scores`."""
     return bounded_design(principal_scores(features, components))
 
 
-def principal_scores(features, components: int = 8):
+def principal_scores(features, components: int = DEFAULT_RULE.components):
     """The features' top ``components`` principal component scores (columns centred), each scaled to unit
     variance (a constant score is left at zero): (n, k), k = min(components, number of columns)."""
     x = np.asarray(features, np.float64)
@@ -81,13 +82,13 @@ def winsorized_scores(scores, quantile: float):
     return _unit_variance(z - z.mean(axis=0))
 
 
-def bounded_design(scores):
-    """An intercept and the ``scores``, every row's L1 norm clipped to the 95th percentile of the norms:
-    ``(design, bound)``, bound that percentile (the public L1 bound of the private fits' sensitivity)."""
+def bounded_design(scores, quantile: float = DEFAULT_RULE.l1_bound_quantile):
+    """An intercept and the ``scores``, every row's L1 norm clipped to the ``quantile`` quantile of the norms:
+    ``(design, bound)``, bound that quantile (the public L1 bound of the private fits' sensitivity)."""
     z = np.asarray(scores, np.float64)
     design = np.concatenate([np.ones((z.shape[0], 1)), z], axis=1)
     norms = np.abs(design).sum(axis=1)
-    bound = float(np.quantile(norms, 0.95))
+    bound = float(np.quantile(norms, quantile))
     design = design * np.minimum(1.0, bound / norms)[:, None]
     return design, bound
 
@@ -96,7 +97,7 @@ STATISTIC_RESOLUTION = 1 << 20  # terms of X^T(y - c) are rounded to (hi - lo)·
 
 
 def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound: float,
-                       accounting: Accounting | None = None):
+                       accounting: Accounting | None = None, prior_scale: float = DEFAULT_RULE.prior_scale):
     """ε-DP least squares with public features: only Xᵀ(y - c) reads the labels (c the range midpoint).
 
     Replacing one label changes Xᵀy by x_i (y - y'), |y - y'| <= hi - lo and ||x_i||₁ <= ``bound``:
@@ -104,7 +105,7 @@ def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound
     to a multiple of (hi - lo)·bound/R (R = :data:`STATISTIC_RESOLUTION`), so one label moves the d
     integer sums by at most R + d in L1, and discrete Laplace noise of rate ε/(R + d) per coordinate
     makes them ε-DP (noise scale b = (hi - lo)·bound/ε up to a factor 1 + d/R). XᵀX is public. The ridge
-    λ = 2b²/(τ² n), τ = (hi - lo)/4, is the posterior mean for coefficients of prior scale τ under
+    λ = 2b²/(τ² n), τ = ``prior_scale``·(hi - lo), is the posterior mean for coefficients of prior scale τ under
     noise of variance 2b² (a rule on public numbers: the noise is known, the labels are not read).
     Returns θ (predict with ``design @ θ + c``). ``accounting``, if given, gets the entry "linear-fit"."""
     eps, lo, hi, y, design = _fit_inputs(design, labels, lo, hi, epsilon, secret)
@@ -120,7 +121,7 @@ def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound
     unit = (hi - lo) * bound / STATISTIC_RESOLUTION
     noisy = _noisy_sums(design, y, centre, unit, eps, BitStream(secret, "statistics"))
     d = design.shape[1]
-    _, ridge = _fit_noise(d, y.size, hi - lo, bound, eps)
+    _, ridge = _fit_noise(d, y.size, hi - lo, bound, eps, prior_scale)
     gram = design.T @ design + ridge * np.eye(d)
     return np.linalg.solve(gram, noisy.astype(np.float64) * unit), centre
 
@@ -148,34 +149,37 @@ def _noisy_sums(weights, y, centre, unit, eps, stream):
     return terms.sum(axis=0) + np.array([discrete_laplace(rate, stream) for _ in range(d)], np.int64)
 
 
-def _fit_noise(d: int, rows: int, width: float, bound: float, eps: float):
-    """The linear fit's noise scale b per coordinate of Xᵀ(y - c) (variance about 2b²) and its ridge λ."""
+def _fit_noise(d: int, rows: int, width: float, bound: float, eps: float, prior_scale: float):
+    """The linear fit's noise scale b per coordinate of Xᵀ(y - c) (variance about 2b²) and its ridge λ for
+    coefficients of prior scale ``prior_scale``·width."""
     b = width * bound / eps * (1 + d / STATISTIC_RESOLUTION)
-    return b, 2 * b**2 / ((width / 4) ** 2 * rows)
+    return b, 2 * b**2 / ((prior_scale * width) ** 2 * rows)
 
 
-def fit_noise_energy(design, width: float, bound: float, epsilon: float, *, cells=None) -> float:
+def fit_noise_energy(design, width: float, bound: float, epsilon: float, *, cells=None,
+                     prior_scale: float = DEFAULT_RULE.prior_scale) -> float:
     """The expected energy N that an ε-DP linear fit's noise alone puts into the centred predictions X̄θ (X̄ the
     design with its columns centred): tr(Cov(θ)·X̄ᵀX̄). Public numbers only (the design, the range's width,
     the bound, ε, the cells).
 
     ``cells=None``: :func:`private_linear_fit`, Cov(θ) = 2b²·G⁻², G = XᵀX + λI (b and λ of that function).
-    ``cells`` (a cell index per row): :func:`private_cell_fit`, Cov(θ) = A⁻¹ZᵀΩZA⁻¹ with its Z, Ω and A."""
+    ``cells`` (a cell index per row): :func:`private_cell_fit`, Cov(θ) = A⁻¹ZᵀΩZA⁻¹ with its Z, Ω and A.
+    ``prior_scale``: the fits' (their ridge's prior scale over the width)."""
     design = np.asarray(design, np.float64)
     rows, d = design.shape
     centred = design - design.mean(axis=0)
     if cells is None:
-        b, ridge = _fit_noise(d, rows, float(width), float(bound), float(epsilon))
+        b, ridge = _fit_noise(d, rows, float(width), float(bound), float(epsilon), prior_scale)
         inverse = np.linalg.inv(design.T @ design + ridge * np.eye(d))
         return 2 * b**2 * float(np.trace(inverse @ (centred.T @ centred) @ inverse))
     z, weight, _ = _cell_system(design, cells, float(width), float(epsilon))
     information = z.T @ (z * weight[:, None])
-    inverse = np.linalg.inv(information + np.eye(d) / (float(width) / 4) ** 2)
+    inverse = np.linalg.inv(information + np.eye(d) / (prior_scale * float(width)) ** 2)
     return float(np.trace(inverse @ information @ inverse @ (centred.T @ centred)))
 
 
 def fit_signal_to_noise(design, theta, width: float, bound: float, epsilon: float, *, cells=None,
-                        noise: float | None = None) -> float:
+                        noise: float | None = None, prior_scale: float = DEFAULT_RULE.prior_scale) -> float:
     """How far the ε-DP linear fit's predictions stand above its own noise: (‖X̄θ‖² - N)/N, X̄ the design with
     its columns centred and N the expected energy the fit's noise alone puts into the centred predictions
     (:func:`fit_noise_energy`; ``cells``: the fit was :func:`private_cell_fit`'s on those cells; ``noise``: that
@@ -187,7 +191,7 @@ def fit_signal_to_noise(design, theta, width: float, bound: float, epsilon: floa
     only (post-processing): it reads no label."""
     design = np.asarray(design, np.float64)
     if noise is None:
-        noise = fit_noise_energy(design, width, bound, epsilon, cells=cells)
+        noise = fit_noise_energy(design, width, bound, epsilon, cells=cells, prior_scale=prior_scale)
     centred = design - design.mean(axis=0)
     if not noise > 0:
         return math.inf
@@ -195,12 +199,10 @@ def fit_signal_to_noise(design, theta, width: float, bound: float, epsilon: floa
     return float((predictions @ predictions - noise) / noise)
 
 
-SLOPE_CLIP_QUANTILE = 0.95  # the slope's weights are the direction clipped at this quantile of its magnitudes
-
-
-def _slope_weights(a):
-    """:func:`private_slope`'s clip κ and weights w = a clipped to ±κ (public: the direction only)."""
-    kappa = float(np.quantile(np.abs(a), SLOPE_CLIP_QUANTILE))
+def _slope_weights(a, quantile: float):
+    """:func:`private_slope`'s clip κ (the ``quantile`` quantile of |a|) and weights w = a clipped to ±κ (public:
+    the direction only)."""
+    kappa = float(np.quantile(np.abs(a), quantile))
     if not kappa > 0:
         kappa = float(np.max(np.abs(a)))
     if not kappa > 0:
@@ -208,21 +210,23 @@ def _slope_weights(a):
     return kappa, np.clip(a, -kappa, kappa)
 
 
-def slope_noise(direction, width: float, epsilon: float) -> float:
+def slope_noise(direction, width: float, epsilon: float, *,
+                clip_quantile: float = DEFAULT_RULE.slope_clip_quantile) -> float:
     """The standard deviation of the noise :func:`private_slope` adds to its slope on ``direction`` at ``epsilon``
     for a range of width ``width``: the sum's discrete Laplace noise (scale about κ·width/ε, variance
     2(κ·width/ε)²) over Σ w·a. Public numbers and the direction only: it reads no label."""
     a = np.asarray(direction, np.float64)
-    kappa, w = _slope_weights(a)
+    kappa, w = _slope_weights(a, clip_quantile)
     return math.sqrt(2.0) * kappa * float(width) / float(check_epsilon(epsilon)) / abs(float(w @ a))
 
 
 def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre: float,
-                  accounting: Accounting | None = None) -> float:
+                  accounting: Accounting | None = None,
+                  clip_quantile: float = DEFAULT_RULE.slope_clip_quantile) -> float:
     """ε-DP slope α of the labels on a public direction a (one number per row): y ≈ centre + α·a.
 
     Only Σ w_i (y_i - centre) reads the labels, with public weights w = a clipped to ±κ (κ the
-    :data:`SLOPE_CLIP_QUANTILE` quantile of |a|; the clip bounds the sensitivity): replacing one label moves
+    ``clip_quantile`` quantile of |a|; the clip bounds the sensitivity): replacing one label moves
     it by at most κ·(hi - lo). Exact integer noise as in :func:`private_linear_fit` (the same integer sums):
     every term is rounded to a multiple of κ·(hi - lo)/R, so one label moves the integer sum by at most
     R + 1, and discrete Laplace noise of rate ε/(R + 1) makes it ε-DP. Returns the instrumental-variable estimate
@@ -237,7 +241,7 @@ def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre:
         raise InputError(f"direction must be finite with one value per label, got shape {a.shape}")
     if not lo <= centre <= hi:
         raise InputError(f"centre must lie in the range [{lo}, {hi}], got centre={centre!r}")
-    kappa, w = _slope_weights(a)
+    kappa, w = _slope_weights(a, clip_quantile)
     if account(accounting) is not None:
         accounting.spend("slope", eps, sensitivity=f"{STATISTIC_RESOLUTION} + 1 on the integer sum of w·(y - centre) "
                          f"(unit (hi - lo)·{kappa:g}/{STATISTIC_RESOLUTION}, weights clipped to ±{kappa:g})",
@@ -288,14 +292,15 @@ def _cell_system(design, cells, width: float, epsilon: float):
     return z, (epsilon * count / width) ** 2 / 2, count
 
 
-def private_cell_fit(design, labels, lo, hi, epsilon, secret: Secret, *, cells, accounting: Accounting | None = None):
+def private_cell_fit(design, labels, lo, hi, epsilon, secret: Secret, *, cells, accounting: Accounting | None = None,
+                     prior_scale: float = DEFAULT_RULE.prior_scale):
     """ε-DP linear fit from the labels' means in public cells of the rows (parallel composition).
 
     Every row lies in one cell (``cells``, e.g. :func:`median_cells` of the design's scores), so the C cell
     means, each an ε-DP :func:`private_mean` (child secret ``("cell", c)``; exact integer noise, scale
     (hi - lo)/(ε·n_c)), are together ε-DP: replacing one label changes one of them. θ is then post-processing:
     the posterior mean of the coefficients of y - c on the cells' mean design rows Z under the cell means'
-    noise (precision Ω_c = (ε·n_c/(hi - lo))²/2) and the prior scale τ = (hi - lo)/4 of
+    noise (precision Ω_c = (ε·n_c/(hi - lo))²/2) and the prior scale τ = ``prior_scale``·(hi - lo) of
     :func:`private_linear_fit`: θ = (ZᵀΩZ + I/τ²)⁻¹ZᵀΩ(m̃ - c). No L1 bound enters: a cell mean's
     sensitivity, (hi - lo)/n_c, does not depend on the features, and the coefficients do not share one
     budget as the sums of :func:`private_linear_fit` do. ``cells`` must be a function of the public features
@@ -311,5 +316,5 @@ def private_cell_fit(design, labels, lo, hi, epsilon, secret: Secret, *, cells, 
     means = np.array([private_mean(g, lo, hi, eps, secret.child("cell", c), purpose="cell-mean",
                                    accounting=None if accounting is None else accounting.within("cells", c))
                       for c, g in enumerate(groups)])
-    information = z.T @ (z * weight[:, None]) + np.eye(z.shape[1]) / ((hi - lo) / 4) ** 2
+    information = z.T @ (z * weight[:, None]) + np.eye(z.shape[1]) / (prior_scale * (hi - lo)) ** 2
     return np.linalg.solve(information, z.T @ (weight * (means - centre))), centre

@@ -27,6 +27,7 @@ from rpwjax.io.source import TableSource, file_kind, progress_bar, read_labels
 from rpwjax.io.writers import copy_with_labels
 from rpwjax.errors import InputError, check_epsilon, check_integer, check_range
 from rpwjax.keys import Secret, secret_record
+from rpwjax.pipelines import auto
 from rpwjax.pipelines import pipeline as lookup
 from rpwjax.ledger import ledger_path
 from rpwjax.privatize import bind_release, open_release
@@ -211,3 +212,22 @@ def privatize_table_file(input_path, output_path, *, label_column: str, range, e
                               epochs=epochs, before_commit=run.finish, features=features, exclude=exclude,
                               progress=progress, report=report)
     return sidecar, run.line
+
+
+def explain_table(input_path, *, label_column: str, lo: float, hi: float, epsilon: float, pipeline: str = "auto",
+                  encoding=None, features=None, exclude=None) -> dict:
+    """What ``privatize_table`` with an ``auto`` pipeline would decide before it reads a label: the rule and the
+    public part of its plan (:func:`rpwjax.pipelines.auto.explain`), on the features chosen and standardized as
+    a run would. Public inputs only (the features, the row count, ε and the range): no label is read beyond
+    its column's type, nothing is spent, nothing is written, no key is needed. Step 4's decisions read the
+    labels through paid releases, so they appear only in a real run's sidecar."""
+    row = lookup(pipeline)
+    if row.kind != "auto":
+        raise InputError(f"--explain shows the auto rule's plan; --pipeline {pipeline} follows no such rule")
+    eps = float(check_epsilon(epsilon))
+    lo, hi = check_range(lo, hi)
+    table = read_feature_table(input_path, label_column, encoding=encoding, features=features, exclude=exclude)
+    x, choice = standardized(table.features), table.choice
+    del table
+    return {"pipeline": pipeline, "rows": int(x.shape[0]), "feature_columns": list(choice.columns),
+            **auto.explain(x, x.shape[0], lo, hi, eps, branch=row.settings.get("branch"))}

@@ -1,0 +1,203 @@
+r"""The feature-aware prior of the ``auto`` rule, steps 1 to 3 and step 4's first two releases: the public design,
+the plan (branch and budget split) and the private linear fit with the residual histogram around it.
+
+``auto`` (:mod:`rpwjax.pipelines.auto`) releases the labels under this prior; the fair comparison
+(:mod:`rpwjax.pipelines.feature_prior`) gives the same prior to other mechanisms. Both call the public
+functions here with an :class:`~rpwjax.pipelines.rule.AutoRule`, so a change to auto's release leaves the
+comparison as it is, and a change to the prior changes both. The rule in words: docs/auto.md.
+
+ρ(ε_s) = 2√2·B·√(k+1)/(ε_s·n) (:func:`relative_coefficient_noise`) is the ε_s-DP linear fit's coefficient
+noise (standard deviation about √2·W·B/(ε_s·n)) over a coefficient's scale for a label of range W on k + 1
+unit-variance columns (W/(2√(k+1))). Q = σ²_U(ε)·12/n (:func:`uniform_unbiased_variance`) is the noise a
+model trained on n unbiased labels must average away, relative to a label's spread in the range (W²/12).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+
+from rpwjax.accounting import Accounting
+from rpwjax.errors import check_choice
+from rpwjax.keys import Secret
+from rpwjax.mechanisms import entry
+from rpwjax.pipelines.linear_prior import LinearResidualPrior, linear_centres, residual_prior_around
+from rpwjax.pipelines.rule import BRANCHES, DEFAULT_RULE, AutoPlan, AutoRule, Calibration, FitChoice
+from rpwjax.pipelines.statistics import (bounded_design, fit_noise_energy, fit_signal_to_noise, median_cells,
+                                         principal_scores, private_cell_fit, private_slope, slope_noise,
+                                         winsorized_scores)
+from rpwjax.priors import histogram_prior
+
+
+def relative_coefficient_noise(rows: int, components: int, l1_bound: float, eps_s: float) -> float:
+    """ρ(ε_s) = 2√2·B·√(k+1)/(ε_s·n): the linear fit's coefficient noise over a coefficient's scale."""
+    return 2 * math.sqrt(2) * l1_bound * math.sqrt(components + 1) / (eps_s * rows)
+
+
+def afforded_design(features, epsilon: float, *, scores=None, rule: AutoRule = DEFAULT_RULE):
+    """Step 1's design: ``(design, bound)`` with the most principal components, up to ``rule.components``, whose
+    linear fit can be afforded, ρ(``rule.afford_share``·ε) <= ``rule.afford_rho``. Every score is first clipped
+    to its ``rule.score_quantile`` quantiles (:func:`~rpwjax.pipelines.statistics.winsorized_scores`: a
+    heavy-tailed score keeps its spread in the bulk of the rows), and each count k has its own public L1 bound
+    B_k (fewer components: a smaller B and fewer coefficients to pay for). When not even one component can be
+    afforded, the design with all of them (step 1 then sends the data to ``calibrated``). Public features, ε
+    and n only. ``scores``: the features' ``principal_scores(features, rule.components)`` when the caller
+    already has them (one SVD for several ε); ``features`` is then not read."""
+    scores = principal_scores(features, rule.components) if scores is None else np.asarray(scores, np.float64)
+    scores = winsorized_scores(scores, rule.score_quantile)
+    rows, most = scores.shape
+    full = bounded_design(scores, rule.l1_bound_quantile)
+    for k in range(most, 0, -1):
+        design, bound = full if k == most else bounded_design(scores[:, :k], rule.l1_bound_quantile)
+        if relative_coefficient_noise(rows, k, bound, rule.afford_share * float(epsilon)) <= rule.afford_rho:
+            return design, bound
+    return full
+
+
+@functools.lru_cache(maxsize=256)
+def uniform_unbiased_variance(epsilon: float, bins: int = DEFAULT_RULE.uniform_prior_bins) -> float:
+    """Label variance of the Unbiased mechanism fitted to the uniform prior on [0, 1] at ``epsilon`` (scale by
+    W² for a range of width W): a public number."""
+    _, info = entry("unbiased").fit(histogram_prior(np.linspace(0.0, 1.0, bins + 1), np.full(bins, 1.0 / bins)),
+                                    float(epsilon))
+    return float(np.asarray(info["label_mse"]).reshape(-1)[0])
+
+
+def plan(epsilon: float, rows: int, components: int, l1_bound: float, width: float,
+         branch: str | None = None, rule: AutoRule = DEFAULT_RULE) -> AutoPlan:
+    """Steps 1 to 3 of the rule, on public numbers: the branch and the budget split. ``branch`` fixes step 2
+    (validation of the rule only).
+
+    Step 1: ρ(afford_share·ε) above ``afford_rho``: branch ``calibrated`` (no features). Step 2: Q below
+    ``unbiased_below``: ``unbiased``, else ``denoised``. Step 3: ``denoised`` gives the fit ε_s =
+    ``statistics_share``·ε (``statistics_share_noisy``·ε where ρ at that share exceeds ``noisy_fit_rho``: the
+    denoised labels lean on the fit) and the residual histogram ``histogram_share``·ε; where Q >=
+    ``uninformative_release`` the release cannot inform a model even of the labels' mean, so the fit gets
+    ``uninformative_statistics_share``·ε and the row priors are mean-matched. ``unbiased`` gives the fit the ε_s
+    that brings ρ to ``target_rho``, held within ``unbiased_statistics_shares`` of ε, and the histogram
+    ``unbiased_histogram_share``·ε: the centres only narrow the residual range, and the release's noise falls
+    steeply with its ε. The release gets the rest."""
+    if branch is not None:
+        check_choice(branch, "branch", BRANCHES)
+    eps = float(epsilon)
+    rho = functools.partial(relative_coefficient_noise, rows, components, l1_bound)
+    head = (eps, rows, components, l1_bound, width, rho(rule.afford_share * eps))
+    if head[-1] > rule.afford_rho:
+        eps1 = rule.calibrated_prior_share * eps
+        return AutoPlan(*head, math.nan, "calibrated", 0.0, eps1, eps - eps1, branch)
+    q = uniform_unbiased_variance(eps, rule.uniform_prior_bins) * 12 / rows  # σ²/(n·W²/12), W = 1
+    if branch == "denoised" or (branch is None and q >= rule.unbiased_below):
+        eps1 = rule.histogram_share * eps
+        if q >= rule.uninformative_release:
+            eps_s = rule.uninformative_statistics_share * eps
+            return AutoPlan(*head, q, "denoised", eps_s, eps1, eps - eps_s - eps1, branch, "mean-matched")
+        noisy = rho(rule.statistics_share * eps) > rule.noisy_fit_rho
+        eps_s = (rule.statistics_share_noisy if noisy else rule.statistics_share) * eps
+        return AutoPlan(*head, q, "denoised", eps_s, eps1, eps - eps_s - eps1, branch, "censored")
+    low, high = rule.unbiased_statistics_shares
+    eps_s = float(np.clip(rho(1.0) / rule.target_rho, low * eps, high * eps))  # ρ(ε_s) = ρ(1)/ε_s
+    eps1 = rule.unbiased_histogram_share * eps
+    return AutoPlan(*head, q, "unbiased", eps_s, eps1, eps - eps_s - eps1, branch)
+
+
+def linear_fit_choice(design, bound: float, width: float, eps_s: float,
+                      rule: AutoRule = DEFAULT_RULE) -> tuple[FitChoice, np.ndarray | None]:
+    """Step 4's choice of the ε_s-DP linear fit, on public numbers: the sums Xᵀ(y - c)
+    (:func:`~rpwjax.pipelines.statistics.private_linear_fit`) or the labels' means in 2^k public cells
+    (:func:`~rpwjax.pipelines.statistics.private_cell_fit` on :func:`~rpwjax.pipelines.statistics.median_cells`
+    of the design's k scores, depth k). Each fit's noise puts a known expected energy into the centred
+    predictions (:func:`~rpwjax.pipelines.statistics.fit_noise_energy`); the cells are chosen when theirs is at
+    most ``rule.cell_noise_ratio`` of the sums'. A cell mean's noise does not grow with the L1 bound, the sums'
+    does; but the cells see the design only through their mean rows, a coarser view (a bias the noise energies
+    do not count), hence the ratio below 1, and only with at most ``rule.cell_components`` components (with
+    more, no cells are formed). Returns the choice and the cell of each row (None without cells)."""
+    k = design.shape[1] - 1
+    sums = fit_noise_energy(design, width, bound, eps_s, prior_scale=rule.prior_scale)
+    if k > rule.cell_components:
+        return FitChoice("sums", None, sums, None), None
+    cells = median_cells(design[:, 1:], k)
+    by_cells = fit_noise_energy(design, width, bound, eps_s, cells=cells, prior_scale=rule.prior_scale)
+    estimator = "cells" if by_cells <= rule.cell_noise_ratio * sums else "sums"
+    return FitChoice(estimator, int(cells.max()) + 1, sums, by_cells), cells
+
+
+def clipped_slope_error(alpha: float, noise: float) -> float:
+    """E[(clip(α + X, 0, 1) - α)²] for X Laplace with standard deviation ``noise`` (scale b = noise/√2), α in
+    [0, 1]: the error of a slope estimated with that noise and clipped to [0, 1], in closed form (below -α the
+    clip leaves α², above 1 - α it leaves (1 - α)², in between X²)."""
+    a = float(np.clip(alpha, 0.0, 1.0))
+    b = float(noise) / math.sqrt(2.0)
+    if not b > 0:
+        return 0.0
+
+    def inside(t):  # ∫_0^t x² e^{-x/b}/(2b) dx
+        u = t / b
+        return 0.5 * b * b * (2.0 - math.exp(-u) * (u * u + 2.0 * u + 2.0))
+
+    tails = a * a * 0.5 * math.exp(-a / b) + (1 - a) ** 2 * 0.5 * math.exp(-(1 - a) / b)
+    return tails + inside(a) + inside(1 - a)
+
+
+def slope_is_worth_it(signal_to_noise: float, noise: float, rule: AutoRule = DEFAULT_RULE) -> bool:
+    """Step 4's guard on the calibration: is a slope with noise of standard deviation ``noise`` worth its ε_c?
+
+    The fit's ratio r says how much the slope should shrink the fit, to about α = r/(1 + r) (clipped to [0, 1]):
+    kept as it is, the fit errs by (1 - α)² (in units of the centred predictions' energy), calibrated by
+    :func:`clipped_slope_error`. Only a slope at least as noisy as ``rule.slope_noise_below`` may be skipped,
+    and only when it is expected to err more than the fit kept as it is: the ratio is itself noisy, and less
+    noisy slopes help more often than this comparison says. A pure-noise fit (α = 0) is always calibrated:
+    even a very noisy slope, clipped, errs less than keeping the fit. Public numbers only."""
+    if noise < rule.slope_noise_below:
+        return True
+    alpha = float(np.clip(signal_to_noise / (1 + signal_to_noise), 0.0, 1.0)) if signal_to_noise > -1 else 0.0
+    return clipped_slope_error(alpha, noise) <= (1 - alpha) ** 2
+
+
+def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret,
+                        rule: AutoRule = DEFAULT_RULE, *,
+                        accounting: Accounting | None = None) -> tuple[LinearResidualPrior, AutoPlan]:
+    """Step 4's first releases, the feature-aware prior: ``(prior, plan)``, the plan with step 4's ``fit``,
+    ``calibration`` and ``mechanism_epsilon`` set. ``p`` must not be on the calibrated branch.
+
+    The ε_s-DP linear fit (:func:`linear_fit_choice`) gives centres m(x), clipped to the range. On the
+    ``denoised`` branch, whose labels lean on the centres, a fit that may be mostly noise is calibrated: its
+    signal-to-noise ratio, read off the released fit (post-processing), below ``rule.calibrate_below`` moves
+    ε_c = ``rule.calibration_share``·ε from the release to an ε_c-DP slope α of the labels on the centred
+    centres m - m̄ (:func:`~rpwjax.pipelines.statistics.private_slope`), and the centres become m̄ + α(m - m̄),
+    α clipped to [0, 1]: the fit kept where it predicts, pulled to a constant where it does not; unless the
+    slope is too noisy to help (:func:`slope_is_worth_it` on
+    :func:`~rpwjax.pipelines.statistics.slope_noise`, public numbers and the released centres), then nothing
+    is paid. Then the ε₁-DP residual histogram around the centres. Spent: ε_s + ε₁ + ε_c; the release gets
+    ``plan.mechanism_epsilon`` = ε - ε_s - ε₁ - ε_c. Every release is recorded in ``accounting``, if given."""
+    width, eps_s = hi - lo, p.statistics_epsilon
+    fit, cells = linear_fit_choice(design, bound, width, eps_s, rule)
+    if fit.estimator == "cells":
+        theta, centre = private_cell_fit(design, y, lo, hi, eps_s, secret.child("statistics"), cells=cells,
+                                         prior_scale=rule.prior_scale, accounting=accounting)
+        m = np.clip(design @ theta + centre, lo, hi)
+    else:
+        theta, m = linear_centres(design, bound, y, lo, hi, eps_s, secret, rule, accounting=accounting)
+    calibration = None
+    if p.branch == "denoised":
+        noise = fit.noise_cells if fit.estimator == "cells" else fit.noise_sums  # the ratio's denominator
+        snr = fit_signal_to_noise(design, theta, width, bound, eps_s, noise=noise, prior_scale=rule.prior_scale)
+        calibration = Calibration(snr if math.isfinite(snr) else None, 0.0, 1.0, None)
+        mean = float(np.mean(m))
+        eps_c = rule.calibration_share * p.epsilon
+        if snr < rule.calibrate_below and np.ptp(m) > 0:
+            noise_c = slope_noise(m - mean, width, eps_c, clip_quantile=rule.slope_clip_quantile)
+            calibration = dataclasses.replace(calibration, slope_noise=noise_c)
+            if slope_is_worth_it(snr, noise_c, rule):
+                raw = private_slope(m - mean, y, lo, hi, eps_c, secret.child("calibration"), centre=mean,
+                                    clip_quantile=rule.slope_clip_quantile, accounting=accounting)
+                alpha = float(np.clip(raw, 0.0, 1.0))
+                m = mean + alpha * (m - mean)
+                calibration = dataclasses.replace(calibration, epsilon=eps_c, slope=alpha)
+    prior = residual_prior_around(m, design, bound, y, lo, hi, p.residual_histogram_epsilon, secret,
+                                  residual_bins=rule.residual_bins, rule=rule, accounting=accounting)
+    spent_c = calibration.epsilon if calibration else 0.0
+    mechanism_epsilon = p.release_epsilon - spent_c if spent_c else p.release_epsilon
+    return prior, dataclasses.replace(p, fit=fit, calibration=calibration, mechanism_epsilon=mechanism_epsilon)
