@@ -867,7 +867,8 @@ def test_the_rule_is_one_frozen_object_that_reaches_the_decisions_the_sidecar_an
     assert trace["rule"] == shown["rule"]
     assert {k: trace["plan"][k] for k in shown["plan"]} == shown["plan"]  # the labels did not move steps 1 to 3
     assert trace["plan"]["fit"]["estimator"] in ("sums", "cells") and trace["plan"]["calibration"] is not None
-    assert trace["plan"]["mechanism_epsilon"] == sidecar["accounting"]["mechanism_epsilon"]
+    released = [s["epsilon"] for s in sidecar["accounting"]["spends"] if s["purpose"] == "release"]
+    assert released == [trace["plan"]["mechanism_epsilon"]]  # the plan's ε₂ is what the release spent
     code, _, err = run(["privatize-table", src, "-o", tmp_path / "p.csv", "--label-column", "value", "--range", LO,
                         HI, "--epsilon", "0.5", "--explain", "--pipeline", "linear-prior"], capsys)
     assert code != 0 and "--explain shows the auto rule's plan" in err and not (tmp_path / "p.csv").exists()
