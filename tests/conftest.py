@@ -16,6 +16,30 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+LONG_TESTS = Path(__file__).with_name("long_tests.txt")
+
+
+def long_test_ids() -> dict:
+    """The node ids listed in tests/long_tests.txt, with the seconds each took when it was listed."""
+    ids = {}
+    for line in LONG_TESTS.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            seconds, nodeid = line.split(maxsplit=1)
+            ids[nodeid.strip()] = float(seconds)
+    return ids
+
+
+@pytest.hookimpl(tryfirst=True)  # before the -m selection reads the marks
+def pytest_collection_modifyitems(config, items):
+    """Every test listed in tests/long_tests.txt (8 s or more in a full run) is a long check: ``long`` and
+    ``slow``, so the README's test command and the fast subset leave it to ``pytest -m long``."""
+    listed = long_test_ids()
+    for item in items:
+        if item.nodeid in listed:
+            item.add_marker(pytest.mark.long)
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def _own_ledger(tmp_path_factory, monkeypatch):
     """Each test's releases without a key file go to a ledger of its own (never the user's per-user ledger)."""

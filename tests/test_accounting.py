@@ -22,7 +22,7 @@ LO, HI = 0.0, 5.0
 # (registry row, rows, ε, the auto branch it must take or None)
 CASES = [("auto", 1500, 0.5, "denoised"), ("auto", 6000, 4.0, "unbiased"), ("auto", 400, 0.05, "calibrated"),
          *((name, 600, 1.0, None) for name in PIPELINES if name != "auto")]
-FAST = [("auto", 1500, 0.5, "denoised"), ("two-stage-unbiased", 600, 1.0, None)]
+FAST = [("linear-prior", 600, 1.0, None), ("rpwithprior+calibrated", 600, 1.0, None)]
 
 
 def _data(seed, n):

@@ -255,3 +255,21 @@ def test_the_readme_draws_these_layers():
     drawn = [[PACKAGE if r == PACKAGE else f"{PACKAGE}.{r}" for r in group.split()]
              for group in " ".join(line.strip() for line in after.splitlines()).split("<")]
     assert drawn == LAYERS, "README.md's development section draws other layers than LAYERS"
+
+
+def test_every_listed_long_test_exists():
+    """tests/long_tests.txt names tests by node id: each names a test function defined in its module (a renamed
+    test would otherwise silently leave the long checks for the README's command)."""
+    import ast
+    from conftest import long_test_ids
+
+    root = pathlib.Path(__file__).resolve().parent
+    defined = {}
+    for nodeid in long_test_ids():
+        path, name = nodeid.split("::", 1)
+        module = root.parent / path
+        assert module.is_file(), f"tests/long_tests.txt: no module {path} ({nodeid})"
+        if path not in defined:
+            tree = ast.parse(module.read_text(encoding="utf-8"))
+            defined[path] = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        assert name.split("[", 1)[0] in defined[path], f"tests/long_tests.txt: no test {nodeid}"
