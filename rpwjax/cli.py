@@ -345,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("privatize-table",
                        help="feature-aware private labels for a table (in memory): linear-prior, two-stage, ...")
     p.add_argument("input", help="input .csv or .parquet: numeric feature columns and the label column")
-    p.add_argument("-o", "--output", required=True, help="output .csv or .parquet (OUTPUT.json gets the accounting)")
+    p.add_argument("-o", "--output", help="output .csv or .parquet (OUTPUT.json gets the accounting); required "
+                                          "unless --explain")
     p.add_argument("--label-column", required=True)
     p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), required=True, help="public label range")
     p.add_argument("--epsilon", type=float, required=True, help="total epsilon per label")

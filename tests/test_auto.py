@@ -872,3 +872,23 @@ def test_the_rule_is_one_frozen_object_that_reaches_the_decisions_the_sidecar_an
     code, _, err = run(["privatize-table", src, "-o", tmp_path / "p.csv", "--label-column", "value", "--range", LO,
                         HI, "--epsilon", "0.5", "--explain", "--pipeline", "linear-prior"], capsys)
     assert code != 0 and "--explain shows the auto rule's plan" in err and not (tmp_path / "p.csv").exists()
+
+
+def test_explain_needs_no_output_and_a_release_needs_one(tmp_path, rng, capsys):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from helpers import run
+
+    x, y = _data(rng, 300)
+    src = tmp_path / "t.csv"
+    pacsv.write_csv(pa.table({**{f"x{j}": x[:, j] for j in range(x.shape[1])}, "value": y}), src)
+    args = ["privatize-table", src, "--label-column", "value", "--range", LO, HI, "--epsilon", "0.5"]
+    code, shown, err = run([*args, "--explain"], capsys)
+    assert code == 0, err
+    assert json.loads(shown)["rule"] == RULE.to_json()
+    code, _, err = run(args, capsys)
+    assert code != 0 and "-o/--output" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]

@@ -197,6 +197,8 @@ def privatize_table_file(input_path, output_path, *, label_column: str, range, e
     and the release is recorded in the ledger (``budget`` checked) before the
     outputs appear. Returns the sidecar and the ledger's status line.
     """
+    if output_path is None:
+        raise InputError("privatize-table needs -o/--output OUTPUT (only --explain runs without one)")
     check_outputs([output_path, str(output_path) + ".json"], overwrite=overwrite,
                   inputs=[input_path, key_file, ledger_path(ledger, key_file)])
     check_range(*range)
