@@ -226,3 +226,18 @@ def test_results_are_written_after_every_group_and_a_spent_budget_skips_the_rest
     # a budget spent before the first group: every group is listed, none is timed, and the file says so
     assert results["cases"] == [] and on_disk["cases"] == []
     assert len([s for s in results["skipped"] if "time budget" in s]) == len(groups)
+
+
+def test_a_case_a_target_names_fails_when_it_misses_it():
+    from rpwjax.bench import report
+
+    ratio = next(t for t in plans.TARGETS if t["name"] == "laplace_release_vs_uniform_floor")
+    args = ("sampling", "release/laplace", ratio["size"], {})
+    assert report.missed_targets(*args, 0.01, ratio["threshold"] * 0.9) == []
+    assert "laplace_release_vs_uniform_floor" in report.missed_targets(*args, 0.01, ratio["threshold"] * 1.1)[0]
+    assert report.missed_targets(*args, 0.01, None) == ["laplace_release_vs_uniform_floor: no ratio measured"]
+    assert report.missed_targets("sampling", "release/laplace", 1000, {}, 0.01, 99.0) == []  # no target at 1000
+    fit = next(t for t in plans.TARGETS if t["name"] == "vmapped_fit_10_epsilons")
+    meta = {"prior_labels": fit["prior_labels"]}
+    assert report.missed_targets("search-epsilons", "search/vmapped", 10, meta, 2.0, None)
+    assert report.missed_targets("search-epsilons", "search/vmapped", 10, {"prior_labels": 5}, 2.0, None) == []

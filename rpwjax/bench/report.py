@@ -56,6 +56,24 @@ def evaluate_targets(cases: list[dict]) -> dict:
     return out
 
 
+def missed_targets(family: str, name: str, size: int, meta: dict, median_s: float, ratio) -> list[str]:
+    """The speed targets that name this case at its size and that its median (and ratio to its baseline,
+    measured in the same run) miss, as messages; [] when it meets them or no target names it. The rule of
+    :func:`evaluate_targets`, for one case (``benchmarks/``'s pytest-benchmark tests fail on these)."""
+    missed = []
+    for t in TARGETS:
+        if (t["family"], t["case"], t["size"]) != (family, name, size):
+            continue
+        if "prior_labels" in t and meta.get("prior_labels") != t["prior_labels"]:
+            continue
+        value = {"median_s": median_s, "ratio": ratio, "speedup": 1.0 / ratio if ratio else None}[t["metric"]]
+        if value is None:
+            missed.append(f"{t['name']}: no {t['metric']} measured")
+        elif not (value <= t["threshold"] if t["op"] == "<=" else value >= t["threshold"]):
+            missed.append(f"{t['name']}: {value:.4g} {t['op']} {t['threshold']} not met ({t['description']})")
+    return missed
+
+
 # --------------------------------------------------------------------------- reporting
 
 
