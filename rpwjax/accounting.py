@@ -120,23 +120,22 @@ class Accounting:
             raise InputError(f"a spend needs a finite epsilon >= 0 and a delta in [0, 1], got {epsilon!r}, {delta!r}")
         entry = Spend(purpose, epsilon, delta, self._where, sensitivity, mechanism)
         root = self._root
-        if root._running is None and not self._where:
-            eps, dlt = root._all_rows[0] + epsilon, root._all_rows[1] + delta
-            if eps > root.epsilon * (1 + TOLERANCE) or dlt > root.delta * (1 + TOLERANCE):
-                raise RuntimeError(f"{purpose} (epsilon {epsilon:g}, delta {delta:g}) would take every row to "
-                                   f"epsilon {eps:g}, delta {dlt:g}, past the claimed {root.epsilon:g}, {root.delta:g}")
-            root._all_rows = (eps, dlt)
-            root.spends.append(entry)
-            return entry
-        if root._running is None:
+        if root._running is None and self._where:  # the first entry over a part: from here on, one sum per row
             root._running = np.tile(np.array([[root._all_rows[0]], [root._all_rows[1]]]), (1, root.rows))
-        inside = self.mask() if self._where else slice(None)
-        after = root._running[:, inside] + np.array([[epsilon], [delta]])
-        eps, dlt = (float(v.max()) if v.size else 0.0 for v in after)
+        if root._running is None:  # every entry so far reads every row: one running sum stands for each row's
+            after = None
+            eps, dlt = root._all_rows[0] + epsilon, root._all_rows[1] + delta
+        else:
+            inside = self.mask() if self._where else slice(None)
+            after = root._running[:, inside] + np.array([[epsilon], [delta]])
+            eps, dlt = (float(v.max()) if v.size else 0.0 for v in after)
         if eps > root.epsilon * (1 + TOLERANCE) or dlt > root.delta * (1 + TOLERANCE):
             raise RuntimeError(f"{purpose} (epsilon {epsilon:g}, delta {delta:g}) would take a row to epsilon "
                                f"{eps:g}, delta {dlt:g}, past the claimed {root.epsilon:g}, {root.delta:g}")
-        root._running[:, inside] = after
+        if after is None:
+            root._all_rows = (eps, dlt)
+        else:
+            root._running[:, inside] = after
         root.spends.append(entry)
         return entry
 
