@@ -776,7 +776,9 @@ def start(argv, cwd):
 
 def assert_stopped(proc, sig, command):
     """Send ``sig``: the run ends with its exit code (a segmentation fault would be -11) and one line."""
-    assert proc.poll() is None, "the run ended before it could be interrupted"
+    if proc.poll() is not None:
+        raise AssertionError(f"the run ended (exit {proc.returncode}) before it could be interrupted: "
+                             f"{proc.communicate()[1]!r}")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err

@@ -180,10 +180,10 @@ class TableSource:
         self.names = None
         with self._reader({}) as reader:  # the column count, from pyarrow's own parse of the first row
             self.ncols = len(reader.schema.names)
-        self._raw.close()
+        self._release_stream()
         with self._reader(self._text_types()) as reader:
             first = self._next(reader, 0)
-        self._raw.close()
+        self._release_stream()
         if first is None or first.num_rows == 0:
             raise InputError(f"{self.what} {self.path!r} is empty")
         if self.text:
@@ -224,9 +224,22 @@ class TableSource:
             try:
                 return pacsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert)
             except (pa.ArrowInvalid, UnicodeError) as err:
-                self._raw.close()
+                self._release_stream()
                 if not self._grow_block(err):
                     self._failure(err, 0)
+
+    def _release_stream(self):
+        """Let go of the file a reader was given, without closing its descriptor here.
+
+        pyarrow's streaming CSV reader reads blocks ahead on its I/O thread, and
+        closing the reader does not wait for a read already queued. Closing the
+        file from here could let that read run on the descriptor number after
+        the next ``open`` reused it: it would consume bytes of the next reader
+        of this file (a header found mid-file, or rows skipped). pyarrow closes
+        the descriptor when its last reference to the file goes, so no read
+        can outlive it.
+        """
+        self._raw = None
 
     def _grow_block(self, err) -> bool:
         """A row did not fit the read block: use a 4x larger one (up to CSV_MAX_BLOCK_BYTES); False at the bound."""
@@ -271,7 +284,8 @@ class TableSource:
                     seen += n
             finally:
                 reader.close()
-                self._raw.close()
+                del reader
+                self._release_stream()
 
     # ------------------------------------------------------------------ streaming
     def batches(self, chunk_rows: int, *, label_only: bool = False):
