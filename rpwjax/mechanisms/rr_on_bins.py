@@ -127,8 +127,9 @@ class RROnBins(Mechanism):
         """Group index of each label (after clipping to [lo, hi])."""
         y = jnp.clip(jnp.asarray(y), self.lo, self.hi)
         thresholds = jnp.asarray(self.thresholds, y.dtype)
-        # thresholds strictly below y; the padding (hi) is never strictly below
-        g = jnp.searchsorted(thresholds, y, side="left")
+        # thresholds strictly below y; the padding (hi) is never strictly below. The unrolled search fuses into
+        # the release's one pass over the labels (the default loop makes a pass per step): the same indices
+        g = jnp.searchsorted(thresholds, y, side="left", method="scan_unrolled")
         return jnp.minimum(g, self._count() - 1)
 
     def sample_from_uniform(self, u, y):
