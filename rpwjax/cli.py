@@ -188,7 +188,8 @@ def cmd_curves(args) -> int:
 
     split = curves_split(dataset=args.dataset, data=args.data, label_column=args.label_column, range=args.range,
                          features=args.features, exclude=args.exclude, clip=args.clip, bins=args.bins,
-                         validation=args.validation, validation_seed=args.validation_seed, out_dir=args.out,
+                         validation=args.validation, validation_seed=args.validation_seed,
+                         split_seed=args.split_seed, out_dir=args.out,
                          overwrite=args.overwrite, report=None if args.quiet else _reporter("curves"))
     config = SweepConfig(
         mechanisms=tuple(args.mechanisms) if args.mechanisms else SweepConfig.mechanisms,
@@ -404,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "0.4 on crime, capped at (A2-A1)/2; objective inside; epsilon_1 0.017 / epsilon/3)")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None, metavar="NAME",
                    help="also run these beyond-the-paper pipelines: " + ", ".join(VARIANTS))
+    p.add_argument("--split-seed", type=int, default=0, metavar="N",
+                   help="the seed of the 80/20 train/test split (default 0, the split of the committed sweeps); "
+                        "another seed holds out other test rows")
     p.add_argument("--validation", action="store_true",
                    help="score on a held-out quarter of the TRAINING rows instead of the test rows (for tuning a "
                         "pipeline or a rule without reading a test row)")

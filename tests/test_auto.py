@@ -739,7 +739,19 @@ def test_curves_on_a_users_file_reports_auto_next_to_the_baselines(tmp_path, rng
     assert rc == 0
     other = {r["mechanism"]: r["test_mse"] for r in read_rows(tmp_path / "val11" / "results.csv")}
     assert set(other) == {"auto-unbiased", "unbiased", "non-private"} and other["unbiased"] != val["unbiased"]
+    # --split-seed holds out other test rows (recorded in every row); with --validation, a fold of that split
+    for extra, name in ((["--split-seed", "3"], "split3"), (["--split-seed", "3", "--validation"], "split3val")):
+        rc = cli.main(["curves", "--data", str(path), "--label-column", "target", "--range", "0", "5",
+                       "--mechanisms", "unbiased", "--variants", "auto", "--epsilon", "1", "--seeds", "1",
+                       "--epochs", "2", *extra, "--out", str(tmp_path / name), "--quiet"])
+        assert rc == 0
+        got = read_rows(tmp_path / name / "results.csv")
+        assert {r["split_seed"] for r in got} == {3} and {r["mechanism"] for r in got} == {"auto", "unbiased",
+                                                                                            "non-private"}
+        assert all(np.isfinite(r["test_mse"]) for r in got)
+        assert {r["mechanism"]: r["test_mse"] for r in got}["auto"] not in (test["auto"], val["auto"])
     for extra, why in ((["--validation-seed", "3"], "does nothing without --validation"),
+                       (["--split-seed", "-1"], "--split-seed must be an integer from 0 to 9223372036854775807, got --split-seed=-1"),
                        (["--validation", "--validation-seed", "-1"], "--validation-seed must be an integer from 0 to 9223372036854775807, got --validation-seed=-1")):
         rc = cli.main(["curves", "--data", str(path), "--label-column", "target", "--range", "0", "5",
                        "--mechanisms", "unbiased", "--epsilon", "1", "--out", str(tmp_path / "refused"), *extra])

@@ -214,6 +214,9 @@ def test_split_is_deterministic_80_20(california):
     np.testing.assert_array_equal(a.train_index, b.train_index)
     np.testing.assert_array_equal(a.x_test, b.x_test)
     assert not np.array_equal(a.test_index, train_test_split(california, seed=1).test_index)
+    assert a.split_seed == 0 and train_test_split(california, seed=np.int64(3)).split_seed == 3
+    with pytest.raises(InputError, match="split seed must be an integer from 0 to .*, got split seed=-1"):
+        train_test_split(california, seed=-1)
     assert np.union1d(a.train_index, a.test_index).size == 20640
     np.testing.assert_array_equal(a.y_train, california.labels[a.train_index])
 

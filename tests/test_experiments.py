@@ -31,6 +31,7 @@ def tiny_sweep(crime_split):
 
 def test_a_tiny_sweep_has_one_tidy_row_per_cell(tiny_sweep):
     assert all(set(r) == set(COLUMNS) for r in tiny_sweep)
+    assert all(r["split_seed"] == 0 for r in tiny_sweep)
     cells = sorted((r["mechanism"], r["epsilon"], r["seed"]) for r in tiny_sweep if r["mechanism"] != NON_PRIVATE)
     assert cells == [("laplace", 1.0, 0), ("laplace", 1.0, 1)]
     assert sum(r["mechanism"] == NON_PRIVATE for r in tiny_sweep) == 2
@@ -119,18 +120,46 @@ def test_curves_on_unseen_user_data(tmp_path, capsys):
     pacsv.write_csv(pa.table({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "target": y}), tmp_path / "mine.csv")
     code = cli.main(["curves", "--data", str(tmp_path / "mine.csv"), "--label-column", "target", "--range", "0", "20",
                      "--mechanisms", "rpwithprior", "rr-on-bins", "--epsilon", "1", "--seeds", "1", "--epochs", "2",
-                     "--out", str(tmp_path / "out"), "--quiet"])
+                     "--split-seed", "2", "--out", str(tmp_path / "out"), "--quiet"])
     out = capsys.readouterr().out
     assert code == 0
     assert (tmp_path / "out" / "results.csv").exists() and (tmp_path / "out" / "mine_curves.png").exists()
-    assert "rpwithprior" in out and "non-private floor" in out
+    assert "rpwithprior" in out and "non-private floor" in out and "on split seed 2" in out
     rows = pacsv.read_csv(tmp_path / "out" / "results.csv").to_pylist()
-    assert len(rows) == 3
+    assert len(rows) == 3 and {r["split_seed"] for r in rows} == {2}
 
 
 def test_curves_needs_a_range_with_data(tmp_path, capsys):
     code = cli.main(["curves", "--data", "x.csv", "--label-column", "t", "--out", str(tmp_path)])
     assert code != 0 and "--range" in capsys.readouterr().err
+
+
+def test_split_seed_picks_the_test_rows_and_the_validation_folds_stay_inside_its_training_rows(tmp_path, capsys):
+    from rpwjax.experiments.curves import curves_split
+
+    def split(**kw):
+        return curves_split(dataset="crime", out_dir=tmp_path / "out", **kw)
+
+    zero, one, again = split(), split(split_seed=1), split(split_seed=1)
+    assert (zero.split_seed, one.split_seed) == (0, 1)
+    np.testing.assert_array_equal(zero.test_index, train_test_split(load_dataset("crime"), seed=0).test_index)
+    np.testing.assert_array_equal(one.test_index, again.test_index)
+    np.testing.assert_array_equal(one.y_test, again.y_test)
+    assert not np.array_equal(one.test_index, zero.test_index) and one.test_index.size == zero.test_index.size
+    # a validation fold of split 1 holds out a quarter of split 1's training rows, never one of its test rows
+    fold = split(split_seed=1, validation=True, validation_seed=11)
+    assert fold.split_seed == 1 and np.intersect1d(fold.test_index, one.test_index).size == 0
+    assert np.intersect1d(fold.train_index, one.test_index).size == 0
+    assert np.array_equal(np.sort(np.concatenate([fold.train_index, fold.test_index])), one.train_index)
+    # a bad value is refused before any data is read, naming the flag and the value
+    for bad in (-1, 1.5, "2", True):
+        with pytest.raises(InputError, match=f"--split-seed must be an integer from 0 to .*, got --split-seed={bad!r}"):
+            split(split_seed=bad)
+    code = cli.main(["curves", "--dataset", "crime", "--split-seed", "-3", "--out", str(tmp_path / "refused")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--split-seed=-3" in err and not (tmp_path / "refused").exists()
+    code = cli.main(["curves", "--dataset", "crime", "--split-seed", "one", "--out", str(tmp_path / "refused")])
+    assert code == 2 and "'one'" in capsys.readouterr().err
 
 
 def test_bad_sweep_config():
@@ -219,27 +248,45 @@ def test_paper_config_is_refused_where_it_is_not_defined(crime_split):
 
 
 def test_settings_are_never_averaged_together_and_old_rows_read_as_the_default(tmp_path):
-    from rpwjax.experiments.sweeps import format_table, write_rows
+    from rpwjax.experiments.sweeps import format_table, format_target_table, target_table, write_rows
     from rpwjax.experiments.plots import plot_curves
 
     base = dict(dataset="crime", mechanism="rpwithprior", epsilon=1.0, seed=0, label_mse=0.1, fit_seconds=0.0,
                 sample_seconds=0.0)
-    rows = [dict(base, prior="private", config="default", test_mse=1.0),
-            dict(base, prior="private", config="paper", test_mse=2.0),
-            dict(base, prior="empirical", config="default", test_mse=4.0),
-            dict(base, seed=1, prior="private", config="default", test_mse=3.0)]
+    rows = [dict(base, prior="private", config="default", test_mse=1.0, split_seed=0),
+            dict(base, prior="private", config="paper", test_mse=2.0, split_seed=0),
+            dict(base, prior="empirical", config="default", test_mse=4.0, split_seed=0),
+            dict(base, seed=1, prior="private", config="default", test_mse=3.0, split_seed=0)]
     summary = summarize(rows)
     means = {(s["prior"], s["config"]): s["test_mse_mean"] for s in summary}
     assert means == {("private", "default"): 2.0, ("private", "paper"): 2.0, ("empirical", "default"): 4.0}
-    old = [{k: v for k, v in r.items() if k not in ("prior", "config")} for r in rows[:1]]  # a committed CSV's row
+    old = [{k: v for k, v in r.items() if k not in ("prior", "config", "split_seed")} for r in rows[:1]]  # a committed CSV's row
     assert summarize(old)[0]["prior"] == "private" and summarize(old)[0]["config"] == "default"
+    assert summarize(old)[0]["split_seed"] == 0
     text = format_table(summary)
     assert "crime (private prior)" in text and "crime (empirical prior)" in text and "rpwithprior [paper]" in text
+    assert "on split seed 0" in text and "split seed 1" not in text
     paths = plot_curves(rows, tmp_path)
     assert sorted(p.name for p in paths) == ["crime_empirical_curves.png", "crime_private_curves.png"]
-    write_rows(rows, tmp_path / "results.csv")
+    before_splits = [{k: v for k, v in r.items() if k != "split_seed"} for r in rows[:1]]
+    write_rows(rows + before_splits, tmp_path / "results.csv")  # a row read from a CSV before the column: split 0
     back = pacsv.read_csv(tmp_path / "results.csv").to_pylist()
-    assert [(r["prior"], r["config"]) for r in back] == [(r["prior"], r["config"]) for r in rows]
+    assert [(r["prior"], r["config"], r["split_seed"]) for r in back] == [
+        (r["prior"], r["config"], 0) for r in rows + before_splits]
+    # rows of another train/test split are never averaged with split 0's: their own table, target rows and plot
+    other = [dict(base, prior="private", config="default", test_mse=9.0, split_seed=2),
+             dict(base, mechanism="auto", prior="private", config="default", test_mse=8.0, split_seed=2)]
+    summary = summarize(rows + other)
+    assert {(s["split_seed"], s["test_mse_mean"]) for s in summary if s["mechanism"] == "rpwithprior"
+            and s["config"] == "default" and s["prior"] == "private"} == {(0, 2.0), (2, 9.0)}
+    text = format_table(summary)
+    assert "on split seed 0" in text and "crime (private prior): test MSE (mean ± std over seeds) on split seed 2" in text
+    [t] = target_table(summary)
+    assert (t["split_seed"], t["baseline_mse"], t["variant_mse"]) == (2, 9.0, 8.0)
+    assert "| crime, split seed 2 | 1 |" in format_target_table([t])
+    paths = plot_curves(rows + other, tmp_path / "splits")
+    assert sorted(p.name for p in paths) == ["crime_empirical_split0_curves.png", "crime_private_split0_curves.png",
+                                             "crime_private_split2_curves.png"]
 
 
 @pytest.mark.slow

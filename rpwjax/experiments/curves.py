@@ -31,13 +31,15 @@ def check_sweep_outputs(out_dir, overwrite: bool):
 
 
 def curves_split(*, dataset=None, data=None, label_column=None, range=None, features=None, exclude=None,
-                 clip: bool = False, bins=None, validation: bool = False, validation_seed=None, out_dir,
-                 overwrite: bool = False, report=None) -> Split:
+                 clip: bool = False, bins=None, validation: bool = False, validation_seed=None, split_seed=0,
+                 out_dir, overwrite: bool = False, report=None) -> Split:
     """The train/test split a curves sweep runs on (its outputs checked first); ``report`` gets the feature
-    choice of a user's file in words."""
+    choice of a user's file in words. ``split_seed`` is the seed of the 80/20 train/test split (0: the split of
+    every committed sweep); ``validation`` then splits that split's training rows again."""
     if (dataset is None) == (data is None):
         raise InputError("give exactly one of --dataset NAME or --data FILE")
     check_sweep_outputs(out_dir, overwrite)
+    split_seed = check_integer(split_seed, "--split-seed", 0, 2**63 - 1)  # checked before any data is read
     if validation_seed is not None:  # checked before any data is read
         if not validation:
             raise InputError("--validation-seed does nothing without --validation")
@@ -54,7 +56,7 @@ def curves_split(*, dataset=None, data=None, label_column=None, range=None, feat
                 raise InputError(f"--{flag} applies to --data (a bundled data set's features are fixed)")
         check_bins(bins)
         loaded = load_dataset(dataset)
-    split = train_test_split(loaded, seed=0)
+    split = train_test_split(loaded, seed=split_seed)
     if validation:
         split = validation_split(split, seed=VALIDATION_SEED if validation_seed is None else validation_seed)
     return split

@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from scipy import special
 
-from rpwjax.errors import InputError, check_labels, check_range
+from rpwjax.errors import InputError, check_integer, check_labels, check_range
 from rpwjax.tables import read_feature_table
 
 __all__ = [
@@ -111,6 +111,7 @@ class Split:
     feature_scale: np.ndarray  # float64 (d,), train rows only (1 for constant columns)
     train_index: np.ndarray  # rows of the dataset in x_train, in order
     test_index: np.ndarray
+    split_seed: int = 0  # the seed of train_test_split (a validation split keeps its split's: it re-splits those rows)
 
 
 def _make_dataset(name, features, labels, lo, hi, feature_names, notes=(), clip=False, label_name="labels"):
@@ -433,8 +434,10 @@ def train_test_split(dataset: Dataset, seed: int = 0, *, test_fraction: float = 
 
     Feature mean and standard deviation come from the training rows only
     (features are public; the labels are not touched, they are only carried
-    along as training targets and test truths).
+    along as training targets and test truths). ``seed`` is a non-negative integer; the split records it
+    (``Split.split_seed``).
     """
+    seed = check_integer(seed, "split seed", 0, 2**63 - 1)
     if not 0 < test_fraction < 1:
         raise InputError(f"test_fraction must be in (0, 1), got test_fraction={test_fraction!r}")
     n = dataset.n
@@ -463,6 +466,7 @@ def train_test_split(dataset: Dataset, seed: int = 0, *, test_fraction: float = 
         scale,
         train_index,
         test_index,
+        seed,
     )
 
 
@@ -486,4 +490,4 @@ def validation_split(split: Split, *, fraction: float = 0.25, seed: int = VALIDA
     held, kept = np.sort(order[:k]), np.sort(order[k:])
     return Split(split.name, split.x_train[kept], split.y_train[kept], split.x_train[held], split.y_train[held],
                  split.lo, split.hi, split.feature_mean, split.feature_scale, split.train_index[kept],
-                 split.train_index[held])
+                 split.train_index[held], split.split_seed)

@@ -9,7 +9,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from rpwjax.mechanisms import MECHANISMS
-from rpwjax.experiments.sweeps import NON_PRIVATE, mechanism_label, mechanism_order, series_name, settings_of, summarize
+from rpwjax.experiments.sweeps import (NON_PRIVATE, mechanism_label, mechanism_order, series_name, settings_of, split_of,
+                                       splits_of, summarize)
 
 
 def plot_curves(rows: list[dict], out_dir) -> list[Path]:
@@ -19,11 +20,16 @@ def plot_curves(rows: list[dict], out_dir) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
     paths = []
-    panels = [(d, prior) for d in sorted({s["dataset"] for s in summary}) for prior in settings_of(summary, d)]
-    for dataset, prior in panels:
-        # one figure per data set and prior setting (rows of different settings are never mixed)
-        sub = [s for s in summary if s["dataset"] == dataset and (s.get("prior") or "private") == prior]
+    panels = [(d, k, prior) for d in sorted({s["dataset"] for s in summary}) for k in splits_of(summary, d)
+              for prior in settings_of(summary, d)]
+    for dataset, split, prior in panels:
+        # one figure per data set, split seed and prior setting (rows of different settings are never mixed)
+        sub = [s for s in summary if s["dataset"] == dataset and (s.get("prior") or "private") == prior
+               and split_of(s) == split]
+        if not sub:
+            continue
         several = len(settings_of(summary, dataset)) > 1
+        splits = len(splits_of(summary, dataset)) > 1  # named only when one file holds several splits
         fig = Figure(figsize=(12, 4.8))
         ax_test, ax_label = fig.subplots(1, 2)
         mechs = mechanism_order(series_name(s) for s in sub if s["mechanism"] != NON_PRIVATE)
@@ -54,11 +60,12 @@ def plot_curves(rows: list[dict], out_dir) -> list[Path]:
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel("ε (total, incl. prior)")
-            ax.set_title(f"{dataset}{f' ({prior} prior)' if several else ''}: {title}")
+            ax.set_title(f"{dataset}{f' ({prior} prior)' if several else ''}{f', split {split}' if splits else ''}: {title}")
             ax.grid(True, which="both", alpha=0.3)
         ax_test.legend(fontsize=8)
         fig.tight_layout()
-        path = out_dir / (f"{dataset}_{prior}_curves.png" if several else f"{dataset}_curves.png")
+        stem = f"{dataset}_{prior}" if several else dataset
+        path = out_dir / (f"{stem}_split{split}_curves.png" if splits else f"{stem}_curves.png")
         fig.savefig(path, dpi=120)
         paths.append(path)
     return paths

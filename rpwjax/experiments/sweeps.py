@@ -39,7 +39,9 @@ from rpwjax.training import test_mse_many, train_many
 PAPER_EPSILONS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 4.0, 8.0)
 NON_PRIVATE = "non-private"
 COLUMNS = ("dataset", "mechanism", "prior", "config", "epsilon", "seed", "test_mse", "label_mse", "fit_seconds",
-           "sample_seconds")
+           "sample_seconds", "split_seed")
+# split_seed: the seed of the train/test split the row was scored on (rpwjax curves --split-seed; CSVs written
+# before the column existed were all scored on split 0)
 # mechanism options used by sweeps (documented in the README)
 SWEEP_OPTIONS = {"rpwithprior": {"zeta": "auto"}, "gaussian": {"delta": 1e-5, "calibration": "analytic"}}
 CONFIGS = ("default", "paper")
@@ -221,7 +223,7 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
             mse = test_mse_many(params, split.x_test, split.y_test)
             for job, m in zip(part, mse):
                 rows.append(dict(zip(COLUMNS, (split.name, job[0], config.prior, job[7], job[1], job[2], float(m),
-                                               job[4], job[5], job[6]))))
+                                               job[4], job[5], job[6], int(split.split_seed)))))
     return rows
 
 
@@ -230,20 +232,26 @@ def _setting(row: dict) -> tuple[str, str]:
     return row.get("prior") or "private", row.get("config") or "default"
 
 
-def summarize(rows: list[dict]) -> list[dict]:
-    """Mean and std over seeds of test and label MSE, per (dataset, prior, config, mechanism, ε).
+def split_of(row: dict) -> int:
+    """The train/test split seed of a row or summary cell; rows written before the column existed are split 0."""
+    return int(row.get("split_seed") or 0)
 
-    Rows that differ in the prior setting or the config are never averaged together.
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Mean and std over seeds of test and label MSE, per (dataset, split seed, prior, config, mechanism, ε).
+
+    Rows that differ in the train/test split, the prior setting or the config are never averaged together.
     """
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["dataset"], *_setting(r), r["mechanism"], r["epsilon"]), []).append(r)
+        groups.setdefault((r["dataset"], split_of(r), *_setting(r), r["mechanism"], r["epsilon"]), []).append(r)
     out = []
-    for (dataset, prior, cfg, mech, eps), rs in sorted(groups.items(), key=lambda kv: kv[0]):
+    for (dataset, split, prior, cfg, mech, eps), rs in sorted(groups.items(), key=lambda kv: kv[0]):
         t = np.array([r["test_mse"] for r in rs])
         lm = np.array([r["label_mse"] for r in rs])
         out.append({
-            "dataset": dataset, "prior": prior, "config": cfg, "mechanism": mech, "epsilon": eps, "seeds": len(rs),
+            "dataset": dataset, "split_seed": split, "prior": prior, "config": cfg, "mechanism": mech, "epsilon": eps,
+            "seeds": len(rs),
             "test_mse_mean": float(t.mean()), "test_mse_std": float(t.std(ddof=1)) if len(rs) > 1 else 0.0,
             "label_mse_mean": float(lm.mean()),
         })
@@ -259,6 +267,11 @@ def series_name(s: dict) -> str:
 def settings_of(summary: list[dict], dataset: str) -> list[str]:
     """The prior settings present for a data set (one table or plot each)."""
     return sorted({s.get("prior") or "private" for s in summary if s["dataset"] == dataset})
+
+
+def splits_of(summary: list[dict], dataset: str) -> list[int]:
+    """The train/test split seeds present for a data set (one table or plot each)."""
+    return sorted({split_of(s) for s in summary if s["dataset"] == dataset})
 
 
 def mechanism_order(names) -> list[str]:
@@ -281,64 +294,70 @@ def mechanism_label(name: str) -> str:
 
 
 def format_table(summary: list[dict]) -> str:
-    """A plain-text table per (data set, prior setting): rows = ε, columns = mechanisms (a config other than
-    the default in brackets), cells = mean ± std test MSE; best per row marked *."""
+    """A plain-text table per (data set, train/test split seed, prior setting): rows = ε, columns = mechanisms
+    (a config other than the default in brackets), cells = mean ± std test MSE; best per row marked *. Each
+    table's header names the split seed its rows were scored on."""
     lines = []
-    for dataset in sorted({s["dataset"] for s in summary}):
-        for prior in settings_of(summary, dataset):
-            sub = [s for s in summary if s["dataset"] == dataset and (s.get("prior") or "private") == prior]
-            floor = [s for s in sub if s["mechanism"] == NON_PRIVATE]
-            mechs = mechanism_order(series_name(s) for s in sub if s["mechanism"] != NON_PRIVATE)
-            epsilons = sorted({s["epsilon"] for s in sub if s["mechanism"] != NON_PRIVATE})
-            lines.append(f"{dataset} ({prior} prior): test MSE (mean ± std over seeds); * = best at that ε")
-            if floor:
-                lines.append(f"  non-private floor: {floor[0]['test_mse_mean']:.4g} ± {floor[0]['test_mse_std']:.2g}")
-            header = ["epsilon"] + [mechanism_label(m) for m in mechs]
-            table = [header]
-            for e in epsilons:
-                cells = {series_name(s): s for s in sub if s["epsilon"] == e}
-                best = min((cells[m]["test_mse_mean"] for m in mechs if m in cells), default=None)
-                row = [f"{e:g}"]
-                for m in mechs:
-                    c = cells.get(m)
-                    if c is None:
-                        row.append("-")
-                        continue
-                    mark = "*" if c["test_mse_mean"] == best else " "
-                    row.append(f"{c['test_mse_mean']:.4g} ± {c['test_mse_std']:.2g}{mark}")
-                table.append(row)
-            widths = [max(len(r[i]) for r in table) for i in range(len(header))]
-            for r in table:
-                lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)))
-            lines.append("")
+    for dataset, split, prior in ((d, k, p) for d in sorted({s["dataset"] for s in summary})
+                                  for k in splits_of(summary, d) for p in settings_of(summary, d)):
+        sub = [s for s in summary if s["dataset"] == dataset and (s.get("prior") or "private") == prior
+               and split_of(s) == split]
+        if not sub:
+            continue
+        floor = [s for s in sub if s["mechanism"] == NON_PRIVATE]
+        mechs = mechanism_order(series_name(s) for s in sub if s["mechanism"] != NON_PRIVATE)
+        epsilons = sorted({s["epsilon"] for s in sub if s["mechanism"] != NON_PRIVATE})
+        lines.append(f"{dataset} ({prior} prior): test MSE (mean ± std over seeds) on split seed {split}; "
+                     "* = best at that ε")
+        if floor:
+            lines.append(f"  non-private floor: {floor[0]['test_mse_mean']:.4g} ± {floor[0]['test_mse_std']:.2g}")
+        header = ["epsilon"] + [mechanism_label(m) for m in mechs]
+        table = [header]
+        for e in epsilons:
+            cells = {series_name(s): s for s in sub if s["epsilon"] == e}
+            best = min((cells[m]["test_mse_mean"] for m in mechs if m in cells), default=None)
+            row = [f"{e:g}"]
+            for m in mechs:
+                c = cells.get(m)
+                if c is None:
+                    row.append("-")
+                    continue
+                mark = "*" if c["test_mse_mean"] == best else " "
+                row.append(f"{c['test_mse_mean']:.4g} ± {c['test_mse_std']:.2g}{mark}")
+            table.append(row)
+        widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+        for r in table:
+            lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        lines.append("")
     return "\n".join(lines)
 
 
 def target_table(summary: list[dict], *, max_epsilon: float = 2.0) -> list[dict]:
-    """Per data set, prior setting and ε <= ``max_epsilon``: the best of the six mechanisms (any config) against
-    the best rpwjax variant (any other row: ``NAME+posterior``, the two-stage pipelines, ...), with the margin."""
+    """Per data set, train/test split seed, prior setting and ε <= ``max_epsilon``: the best of the six mechanisms
+    (any config) against the best rpwjax variant (any other row: ``NAME+posterior``, the two-stage pipelines,
+    ...), with the margin."""
     out = []
-    for dataset in sorted({s["dataset"] for s in summary}):
-        for prior in settings_of(summary, dataset):
-            sub = [s for s in summary if s["dataset"] == dataset and s["mechanism"] != NON_PRIVATE
-                   and (s.get("prior") or "private") == prior]
-            for e in sorted({s["epsilon"] for s in sub}):
-                if e > max_epsilon:
-                    continue
-                cells = [s for s in sub if s["epsilon"] == e]
-                base = [s for s in cells if s["mechanism"] in api.MECHANISMS]
-                ours = [s for s in cells if s["mechanism"] not in api.MECHANISMS]
-                if not base or not ours:
-                    continue
-                b = min(base, key=lambda s: s["test_mse_mean"])
-                v = min(ours, key=lambda s: s["test_mse_mean"])
-                out.append({
-                    "dataset": dataset, "prior": prior, "epsilon": e,
-                    "baseline": series_name(b), "baseline_mse": b["test_mse_mean"], "baseline_std": b["test_mse_std"],
-                    "variant": series_name(v), "variant_mse": v["test_mse_mean"], "variant_std": v["test_mse_std"],
-                    "margin": (b["test_mse_mean"] - v["test_mse_mean"]) / b["test_mse_mean"],
-                    "met": v["test_mse_mean"] < b["test_mse_mean"],
-                })
+    for dataset, split, prior in ((d, k, p) for d in sorted({s["dataset"] for s in summary})
+                                  for k in splits_of(summary, d) for p in settings_of(summary, d)):
+        sub = [s for s in summary if s["dataset"] == dataset and s["mechanism"] != NON_PRIVATE
+               and (s.get("prior") or "private") == prior and split_of(s) == split]
+        for e in sorted({s["epsilon"] for s in sub}):
+            if e > max_epsilon:
+                continue
+            cells = [s for s in sub if s["epsilon"] == e]
+            base = [s for s in cells if s["mechanism"] in api.MECHANISMS]
+            ours = [s for s in cells if s["mechanism"] not in api.MECHANISMS]
+            if not base or not ours:
+                continue
+            b = min(base, key=lambda s: s["test_mse_mean"])
+            v = min(ours, key=lambda s: s["test_mse_mean"])
+            out.append({
+                "dataset": dataset, "split_seed": split, "prior": prior, "epsilon": e,
+                "baseline": series_name(b), "baseline_mse": b["test_mse_mean"], "baseline_std": b["test_mse_std"],
+                "variant": series_name(v), "variant_mse": v["test_mse_mean"], "variant_std": v["test_mse_std"],
+                "margin": (b["test_mse_mean"] - v["test_mse_mean"]) / b["test_mse_mean"],
+                "met": v["test_mse_mean"] < b["test_mse_mean"],
+            })
     return out
 
 
@@ -348,6 +367,8 @@ def format_target_table(table: list[dict]) -> str:
              "|---|---|---|---|---|---|"]
     for t in table:
         where = t["dataset"] if t.get("prior", "private") == "private" else f"{t['dataset']} ({t['prior']} prior)"
+        if split_of(t):  # split 0 (every committed sweep) unnamed, so the committed tables read as before
+            where += f", split seed {split_of(t)}"
         lines.append(
             f"| {where} | {t['epsilon']:g} | {mechanism_label(t['baseline'])} {t['baseline_mse']:.4g} ± "
             f"{t['baseline_std']:.2g} | {t['variant']} {t['variant_mse']:.4g} ± {t['variant_std']:.2g} | "
@@ -356,8 +377,8 @@ def format_target_table(table: list[dict]) -> str:
 
 
 def write_rows(rows: list[dict], path) -> None:
-    """Tidy results as CSV (atomic)."""
-    table = pa.table({c: [r[c] for r in rows] for c in COLUMNS})
+    """Tidy results as CSV (atomic); a row read from a CSV older than the split_seed column is written as split 0."""
+    table = pa.table({c: [split_of(r) if c == "split_seed" else r[c] for r in rows] for c in COLUMNS})
     with atomic_path(path) as tmp:
         pacsv.write_csv(table, tmp)
 
