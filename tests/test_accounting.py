@@ -2,8 +2,9 @@
 
 :data:`CASES` is one table: every row of the registry :data:`rpwjax.pipelines.PIPELINES`, and ``auto`` on both
 sides of its step 2 (a small ε on 1,500 rows takes the denoised branch, ε = 4 on 6,000 rows the unbiased
-one) and on its calibrated branch. Each case runs the pipeline as it is (no monkeypatching) and reads the
-account back from the record it returns, as a sidecar carries it.
+one), on its calibrated branch, and on the denoised branch's fallback (ε = 0.15 on 1,500 rows: a residual
+histogram too noisy to read, a private mean bought with part of its ε₁). Each case runs the pipeline as it is
+(no monkeypatching) and reads the account back from the record it returns, as a sidecar carries it.
 """
 
 import json
@@ -19,8 +20,9 @@ from helpers import slow_unless
 
 LO, HI = 0.0, 5.0
 
-# (registry row, rows, ε, the auto branch it must take or None)
+# (registry row, rows, ε, the auto branch it must take, "+fallback" where step 3 must fall back, or None)
 CASES = [("auto", 1500, 0.5, "denoised"), ("auto", 6000, 4.0, "unbiased"), ("auto", 400, 0.05, "calibrated"),
+         ("auto", 1500, 0.15, "denoised+fallback"),
          *((name, 600, 1.0, None) for name in PIPELINES if name != "auto")]
 FAST = [("linear-prior", 600, 1.0, None), ("rpwithprior+calibrated", 600, 1.0, None)]
 
@@ -41,7 +43,9 @@ def test_every_rows_entries_add_up_to_the_claimed_epsilon(name, rows, eps, branc
     x, y = _data(rows, rows)
     _, record = PIPELINES[name].run(x, y, LO, HI, eps, secret=Secret.from_seed(3), epochs=2)
     if branch is not None:
-        assert record["auto"]["plan"]["branch"] == branch
+        taken, _, fallback = branch.partition("+")
+        assert record["auto"]["plan"]["branch"] == taken
+        assert (record["auto"]["plan"]["fallback"] is not None) == (fallback == "fallback")
     record = json.loads(json.dumps(record, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
     account = Accounting.from_json(record)
     assert account.rows == rows and record["epsilon"] == record["per_label_epsilon"] == eps
@@ -51,6 +55,7 @@ def test_every_rows_entries_add_up_to_the_claimed_epsilon(name, rows, eps, branc
     np.testing.assert_array_equal(per_row_delta, 0.0)
     purposes = [s.purpose for s in account.spends]
     assert "release" in purposes and purposes[-1] == "release"  # statistics first, then the labels
+    assert ("fallback-mean" in purposes) == (branch == "denoised+fallback")
     for s in account.spends:
         assert s.epsilon > 0 and s.sensitivity and s.mechanism
     # the releases together read every row once

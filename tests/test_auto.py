@@ -47,7 +47,14 @@ def test_plan_reads_public_numbers_only_and_spends_exactly_epsilon():
             p = auto.plan(eps, rows, 8, 7.0, 5.0)
             branches.append(p.branch)
             assert p.statistics_epsilon + p.residual_histogram_epsilon + p.release_epsilon == pytest.approx(eps, abs=1e-12)
-            if p.row_prior == "mean-matched":  # the release cannot inform a model: 70% to the fit, 20% released
+            readable = rows * p.residual_histogram_epsilon / 2 / RULE.fewest_residual_bins
+            if p.fallback is not None:  # the residual histogram cannot be read: mean-matched, the usual split
+                assert p.branch == "denoised" and p.unbiased_noise_ratio < RULE.uninformative_release
+                assert p.row_prior == "mean-matched" and p.fallback.reason == "unreadable-histogram"
+                assert p.fallback.rows_per_noise_per_bin == pytest.approx(readable, rel=1e-12)
+                assert readable < p.fallback.threshold == RULE.rows_per_noise_per_bin
+                assert p.release_epsilon >= 0.4 * eps - 1e-12
+            elif p.row_prior == "mean-matched":  # the release cannot inform a model: 70% to the fit, 20% released
                 assert p.branch == "denoised" and p.unbiased_noise_ratio >= RULE.uninformative_release
                 assert p.statistics_epsilon == pytest.approx(RULE.uninformative_statistics_share * eps, abs=1e-15)
                 assert p.release_epsilon == pytest.approx(0.2 * eps, abs=1e-12)
@@ -55,6 +62,7 @@ def test_plan_reads_public_numbers_only_and_spends_exactly_epsilon():
                 assert p.release_epsilon >= 0.4 * eps - 1e-12
                 assert p.row_prior == ("censored" if p.branch == "denoised" else None)
                 assert p.branch != "denoised" or p.unbiased_noise_ratio < RULE.uninformative_release
+                assert p.branch != "denoised" or readable >= RULE.rows_per_noise_per_bin
             # ρ is the fit's coefficient noise over a coefficient's scale: the noise falls as 1/(ε·n) and grows
             # with the L1 bound; more coefficients share the same budget, each one smaller
             assert auto.plan(eps, 2 * rows, 8, 7.0, 5.0).rho_at_half == pytest.approx(p.rho_at_half / 2)
@@ -463,7 +471,7 @@ def test_calibration_is_skipped_where_its_slope_is_too_noisy_to_help(rng, monkey
     it is not (a slope that noisy, clipped, errs more than keeping the fit), nothing is paid, the slope stays
     1, the release keeps the plan's ε₂, and the record holds the slope's noise."""
     x, y, design, bound, p = _one_feature(rng, 0.1, 0.25, 0.8)
-    assert p.branch == "denoised" and p.row_prior == "censored"
+    assert p.branch == "denoised" and p.unbiased_noise_ratio < RULE.uninformative_release
     paid = spy(monkeypatch, feature_aware, "private_slope", lambda a, k: float(a[4]))
     skipped = 0
     for seed in range(12):
@@ -630,6 +638,46 @@ def test_an_uninformative_release_keeps_the_labels_on_the_centres(rng):
     labels, record = auto.auto_labels(x, y, LO, HI, 0.05, secret=Secret.from_seed(3))
     fit = spends(record, "linear-fit") + spends(record, "cell-mean")[:1]  # the cells: one ε, parallel
     assert record["row_prior"] == "mean-matched" and fit == [p.statistics_epsilon]
+
+
+def test_an_unreadable_residual_histogram_falls_back_to_a_private_mean_and_mean_matched_priors(rng, monkeypatch):
+    """1,600 rows at ε = 0.15 (Q < 1: the release can inform a model): even 4 residual bins would hold
+    1600·0.015/2/4 = 3 rows per unit of noise scale, fewer than the rule's 4, so the histogram cannot be told
+    from its noise. Step 3 says so in the plan (public: ``explain`` shows it) and keeps the usual split; step 4
+    pays fallback_mean_share of ε₁ for a private mean of the labels, moves the centres' mean to it, releases
+    the histogram with the rest and gives every row a prior whose mean is its centre. With the fallback off,
+    or with rows enough to read the histogram, the plan and the account are as before."""
+    x, y, design, bound, p = _one_feature(rng, 0.15, 0.4, 0.6)
+    eps1 = p.residual_histogram_epsilon
+    assert p.branch == "denoised" and p.unbiased_noise_ratio < RULE.uninformative_release
+    assert p.row_prior == "mean-matched" and p.fallback.to_json() == {
+        "reason": "unreadable-histogram", "rows_per_noise_per_bin": pytest.approx(1600 * eps1 / 8, rel=1e-12),
+        "threshold": RULE.rows_per_noise_per_bin, "mean_epsilon": pytest.approx(RULE.fallback_mean_share * eps1)}
+    assert auto.explain(x, y.size, LO, HI, 0.15)["plan"]["fallback"] == p.fallback.to_json()
+    off = dataclasses.replace(RULE, unreadable_histogram_fallback=False)
+    before = auto.plan(0.15, y.size, design.shape[1] - 1, bound, HI - LO, rule=off)
+    assert before.fallback is None and before.row_prior == "censored"
+    assert dataclasses.replace(before, row_prior="mean-matched", fallback=p.fallback) == p  # nothing else moves
+    assert auto.plan(0.15, 6_000, design.shape[1] - 1, bound, HI - LO).fallback is None  # 11 rows per noise scale
+
+    means = []
+    real = feature_aware.private_mean
+    monkeypatch.setattr(feature_aware, "private_mean", lambda *a, **k: means.append(real(*a, **k)) or means[-1])
+    prior, eps2, _, _ = _feature_prior(design, bound, y, p, Secret.from_seed(3).for_epsilon(0.15))
+    # the same fit and calibration without the fallback, then one shift to the private mean (and the clip)
+    unshifted, _, _, _ = _feature_prior(design, bound, y, before, Secret.from_seed(3).for_epsilon(0.15), off)
+    assert len(means) == 1
+    shift = means[0] - np.mean(unshifted.centres)
+    np.testing.assert_allclose(prior.centres, np.clip(unshifted.centres + shift, LO, HI), rtol=0, atol=1e-12)
+    assert eps2 == p.release_epsilon or eps2 == pytest.approx(p.release_epsilon - RULE.calibration_share * 0.15)
+    labels, record = auto.auto_labels(x, y, LO, HI, 0.15, secret=Secret.from_seed(3))
+    assert record["row_prior"] == "mean-matched" and record["auto"]["plan"]["fallback"] == p.fallback.to_json()
+    assert spends(record, "fallback-mean") == pytest.approx([RULE.fallback_mean_share * eps1], rel=1e-12)
+    assert spends(record, "residual-histogram") == pytest.approx([(1 - RULE.fallback_mean_share) * eps1], rel=1e-12)
+    np.testing.assert_allclose(Accounting.from_json(record).per_row()[0], 0.15, rtol=1e-12)  # every row: ε
+    _, unchanged = auto.auto_labels(x, y, LO, HI, 0.15, secret=Secret.from_seed(3), rule=off)
+    assert unchanged["row_prior"] == "censored" and not spends(unchanged, "fallback-mean")
+    assert unchanged["auto"]["plan"]["fallback"] is None
 
 
 @pytest.mark.slow

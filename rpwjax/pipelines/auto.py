@@ -6,8 +6,11 @@ sidecar (``record["auto"]``: the rule and the plan). Steps 1 to 3 read public nu
 branch, the budget split: :func:`~rpwjax.pipelines.feature_aware.plan`; :func:`explain` shows them and spends
 nothing). Step 4 releases the feature-aware prior (:func:`~rpwjax.pipelines.feature_aware.feature_aware_prior`)
 and then the labels: on the ``denoised`` branch RPWithPrior with a per-row exact interval under the row's prior
-and the posterior mean (:func:`~rpwjax.pipelines.linear_prior.release_around`), on the ``unbiased`` branch the
-Unbiased mechanism on each centre group's clipped residuals (:func:`group_residual_range`); the ``calibrated``
+and the posterior mean (:func:`~rpwjax.pipelines.linear_prior.release_around`; where the plan names a
+``fallback``, the residual histogram being too noisy to read, the centres are first moved to a private mean
+of the labels and the row priors keep them as their means:
+:func:`~rpwjax.pipelines.feature_aware.unreadable_histogram`), on the ``unbiased`` branch the Unbiased
+mechanism on each centre group's clipped residuals (:func:`group_residual_range`); the ``calibrated``
 branch uses no features (:func:`~rpwjax.pipelines.calibrated.calibrated_denoised`). It never reads a label
 outside an accounted release and never looks at any model's error. The rule in words and the evidence behind
 every number: docs/auto.md.

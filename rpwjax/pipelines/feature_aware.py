@@ -25,9 +25,9 @@ from rpwjax.errors import check_choice
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import entry
 from rpwjax.pipelines.linear_prior import LinearResidualPrior, linear_centres, residual_prior_around
-from rpwjax.pipelines.rule import BRANCHES, DEFAULT_RULE, AutoPlan, AutoRule, Calibration, FitChoice
+from rpwjax.pipelines.rule import BRANCHES, DEFAULT_RULE, AutoPlan, AutoRule, Calibration, Fallback, FitChoice
 from rpwjax.pipelines.statistics import (bounded_design, fit_noise_energy, fit_signal_to_noise, median_cells,
-                                         principal_scores, private_cell_fit, private_slope, slope_noise,
+                                         principal_scores, private_mean, private_cell_fit, private_slope, slope_noise,
                                          winsorized_scores)
 from rpwjax.priors import histogram_prior
 
@@ -76,8 +76,10 @@ def plan(epsilon: float, rows: int, components: int, l1_bound: float, width: flo
     ``statistics_share``·ε (``statistics_share_noisy``·ε where ρ at that share exceeds ``noisy_fit_rho``: the
     denoised labels lean on the fit) and the residual histogram ``histogram_share``·ε; where Q >=
     ``uninformative_release`` the release cannot inform a model even of the labels' mean, so the fit gets
-    ``uninformative_statistics_share``·ε and the row priors are mean-matched. ``unbiased`` gives the fit the ε_s
-    that brings ρ to ``target_rho``, held within ``unbiased_statistics_shares`` of ε, and the histogram
+    ``uninformative_statistics_share``·ε and the row priors are mean-matched; below that, where the residual
+    histogram cannot be read (:func:`unreadable_histogram`), the split is the usual one, the row priors are
+    mean-matched and the plan records the fallback (step 4 then buys a private mean). ``unbiased`` gives the fit
+    the ε_s that brings ρ to ``target_rho``, held within ``unbiased_statistics_shares`` of ε, and the histogram
     ``unbiased_histogram_share``·ε: the centres only narrow the residual range, and the release's noise falls
     steeply with its ε. The release gets the rest."""
     if branch is not None:
@@ -96,11 +98,30 @@ def plan(epsilon: float, rows: int, components: int, l1_bound: float, width: flo
             return AutoPlan(*head, q, "denoised", eps_s, eps1, eps - eps_s - eps1, branch, "mean-matched")
         noisy = rho(rule.statistics_share * eps) > rule.noisy_fit_rho
         eps_s = (rule.statistics_share_noisy if noisy else rule.statistics_share) * eps
-        return AutoPlan(*head, q, "denoised", eps_s, eps1, eps - eps_s - eps1, branch, "censored")
+        fallback = unreadable_histogram(rows, eps1, rule)
+        return AutoPlan(*head, q, "denoised", eps_s, eps1, eps - eps_s - eps1, branch,
+                        "censored" if fallback is None else "mean-matched", fallback=fallback)
     low, high = rule.unbiased_statistics_shares
     eps_s = float(np.clip(rho(1.0) / rule.target_rho, low * eps, high * eps))  # ρ(ε_s) = ρ(1)/ε_s
     eps1 = rule.unbiased_histogram_share * eps
     return AutoPlan(*head, q, "unbiased", eps_s, eps1, eps - eps_s - eps1, branch)
+
+
+def unreadable_histogram(rows: int, eps1: float, rule: AutoRule = DEFAULT_RULE) -> Fallback | None:
+    """Step 3's fallback on the denoised branch (public numbers only): a :class:`~rpwjax.pipelines.rule.Fallback`
+    when ``rule.unreadable_histogram_fallback`` is on and the residual histogram, even on its fewest bins
+    (``rule.fewest_residual_bins``), would hold fewer than ``rule.rows_per_noise_per_bin`` rows per unit of
+    noise scale per bin (rows·ε₁/2/bins: the histogram's own threshold for halving its bins, which it can no
+    longer meet); else None. Such a histogram cannot be told from its noise: a Laplace law fitted to it can
+    sit up to ``rule.laplace_location_span``·W off the residuals, and censored row priors would move every
+    label's mean with it. The fallback keeps each prior's mean at the row's centre and moves the centres' mean
+    to a private mean of the labels (``mean_epsilon``, a ``rule.fallback_mean_share`` of ε₁): both have noise
+    known in advance."""
+    readable = rows * eps1 / 2 / rule.fewest_residual_bins
+    if not rule.unreadable_histogram_fallback or readable >= rule.rows_per_noise_per_bin:
+        return None
+    return Fallback("unreadable-histogram", float(readable), float(rule.rows_per_noise_per_bin),
+                    float(rule.fallback_mean_share * eps1))
 
 
 def linear_fit_choice(design, bound: float, width: float, eps_s: float,
@@ -170,7 +191,12 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret,
     α clipped to [0, 1]: the fit kept where it predicts, pulled to a constant where it does not; unless the
     slope is too noisy to help (:func:`slope_is_worth_it` on
     :func:`~rpwjax.pipelines.statistics.slope_noise`, public numbers and the released centres), then nothing
-    is paid. Then the ε₁-DP residual histogram around the centres. Spent: ε_s + ε₁ + ε_c; the release gets
+    is paid. Where the plan names a fallback (:func:`unreadable_histogram`), its ``mean_epsilon`` (a share of ε₁)
+    buys an ε-DP mean of the labels (:func:`~rpwjax.pipelines.statistics.private_mean`, purpose
+    "fallback-mean") and the centres are moved, all by one shift, so that their mean is it (then clipped to
+    the range): the labels' overall level then rests on a statistic whose noise is known in advance, not on
+    the unreadable histogram's location. Then the ε₁-DP residual histogram around the centres (with what is
+    left of ε₁). Spent: ε_s + ε₁ + ε_c; the release gets
     ``plan.mechanism_epsilon`` = ε - ε_s - ε₁ - ε_c. Every release is recorded in ``accounting``, if given."""
     width, eps_s = hi - lo, p.statistics_epsilon
     fit, cells = linear_fit_choice(design, bound, width, eps_s, rule)
@@ -196,7 +222,13 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret,
                 alpha = float(np.clip(raw, 0.0, 1.0))
                 m = mean + alpha * (m - mean)
                 calibration = dataclasses.replace(calibration, epsilon=eps_c, slope=alpha)
-    prior = residual_prior_around(m, design, bound, y, lo, hi, p.residual_histogram_epsilon, secret,
+    eps1 = p.residual_histogram_epsilon
+    if p.fallback is not None and p.fallback.mean_epsilon > 0:
+        mean = private_mean(y, lo, hi, p.fallback.mean_epsilon, secret.child("fallback-mean"), accounting=accounting,
+                            purpose="fallback-mean")
+        m = np.clip(m + (mean - float(np.mean(m))), lo, hi)  # one shift for every row: their mean is the private one
+        eps1 = eps1 - p.fallback.mean_epsilon
+    prior = residual_prior_around(m, design, bound, y, lo, hi, eps1, secret,
                                   residual_bins=rule.residual_bins, rule=rule, accounting=accounting)
     spent_c = calibration.epsilon if calibration else 0.0
     mechanism_epsilon = p.release_epsilon - spent_c if spent_c else p.release_epsilon

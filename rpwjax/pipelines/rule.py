@@ -71,6 +71,19 @@ class AutoRule:
     # not tuned (plots/auto/uninformative-validation/ checked it)
     uninformative_statistics_share: float = 0.7
     # ... then ε_s; plots/auto/uninformative-validation/ (centres' error 0.7·ε against 0.5·ε, docs/auto.md)
+    unreadable_histogram_fallback: bool = True
+    # denoised, Q below uninformative_release: where even the fewest residual bins (fewest_residual_bins) would
+    # hold fewer than rows_per_noise_per_bin rows per unit of noise scale, rows·ε₁/2/bins (the threshold the
+    # histogram's own bin count uses, so no new number), the histogram cannot be told from its noise and its
+    # location is not read: the row priors are mean-matched (their mean the fit's centre, whose noise energy
+    # is known before the release: FitChoice). False: the censored row priors as before this fallback.
+    # plots/auto/fallback-validation/ (docs/auto.md, "Step 3's fallback")
+    fallback_mean_share: float = 0.5
+    # ... and this share of ε₁ buys a private mean of the labels that the centres' mean is moved to (exact
+    # integer noise, sensitivity W/n: its error, standard deviation √2·W/(n·share·ε₁), is known in advance,
+    # where the histogram's location is not); the histogram gets the rest, for its shape. Derivation: the
+    # mean-calibrated prior's split of its ε₁ (rpwjax.pipelines.calibrated: half a histogram, half a mean);
+    # not tuned
     target_rho: float = 0.1
     # unbiased: ε_s brings ρ down to this ...
     unbiased_statistics_shares: tuple[float, float] = (0.05, 0.1)
@@ -196,6 +209,24 @@ class GroupClip:
 
 
 @dataclasses.dataclass(frozen=True)
+class Fallback:
+    """Step 3, branch denoised: the release fell back to row priors whose mean is the fit's centre
+    (``row_prior`` "mean-matched"), because the residual histogram cannot be told from its noise. ``reason``:
+    "unreadable-histogram"; ``rows_per_noise_per_bin``: rows·ε₁/2/bins at the fewest bins, below
+    ``threshold`` (the rule's ``rows_per_noise_per_bin``); ``mean_epsilon``: the part of ε₁ that buys the
+    private mean the centres are moved to (the histogram gets ε₁ less it; 0: none bought). Public numbers
+    only."""
+
+    reason: str
+    rows_per_noise_per_bin: float
+    threshold: float
+    mean_epsilon: float
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
 class AutoPlan:
     """Every decision of the rule. Steps 1 to 3 (public numbers only) are set by :func:`plan`; step 4's fields
     (None until then, and on the calibrated branch) by the releases that read private statistics."""
@@ -213,10 +244,12 @@ class AutoPlan:
     release_epsilon: float  # ε - ε_s - ε₁; the release gets this less mechanism ε_c
     forced_branch: str | None = None  # step 2 fixed by the caller (validation of the rule), else None
     row_prior: str | None = None  # denoised: "censored", or "mean-matched" where the release is uninformative
+    # or where the residual histogram cannot be read (fallback)
     fit: FitChoice | None = None  # step 4
     calibration: Calibration | None = None  # step 4, denoised only
     mechanism_epsilon: float | None = None  # step 4: what the release got (release_epsilon - ε_c)
     groups: tuple[GroupClip, ...] | None = None  # step 4, unbiased only
+    fallback: Fallback | None = None  # step 3, denoised: why the row priors fell back to mean-matched, else None
 
     def to_json(self) -> dict:
         out = {}
@@ -224,7 +257,7 @@ class AutoPlan:
             v = getattr(self, f.name)
             if isinstance(v, float) and math.isnan(v):
                 v = None
-            elif isinstance(v, (FitChoice, Calibration)):
+            elif isinstance(v, (FitChoice, Calibration, Fallback)):
                 v = v.to_json()
             elif isinstance(v, tuple):
                 v = [g.to_json() for g in v]
