@@ -23,6 +23,9 @@ from helpers import fixed_key, run
 
 LO, HI = 0.0, 1.0
 ROWS = 100_000
+# two independent releases: their noises' sample correlation has sd 1/sqrt(ROWS) and the keys are fresh in every run,
+# so the bound sits at six sd (a false failure below 1e-8); shared uniforms would give a correlation near 1
+INDEPENDENT = 6 / np.sqrt(ROWS)
 
 
 def labels_of(path):
@@ -96,7 +99,7 @@ def test_same_key_two_epsilons_draw_independent_noise(files, tmp_path, capsys):
     x1 = privatize(capsys, d / "day1.csv", tmp_path / "e1.csv", d / "key", "--mechanism", "laplace", "--epsilon", "1")
     x2 = privatize(capsys, d / "day1.csv", tmp_path / "e2.csv", d / "key", "--mechanism", "laplace", "--epsilon", "2")
     assert sidecar(tmp_path / "e1.csv")["release_id"] != sidecar(tmp_path / "e2.csv")["release_id"]
-    assert abs(np.corrcoef(x1 - a, x2 - a)[0, 1]) < 0.01
+    assert abs(np.corrcoef(x1 - a, x2 - a)[0, 1]) < INDEPENDENT
     solve = 2 * x2 - x1
     assert np.mean((solve - a) ** 2) > np.mean((x2 - a) ** 2)  # no better than the ε = 2 release alone
 
@@ -109,7 +112,7 @@ def test_same_key_two_files_draw_independent_noise(files, tmp_path, capsys):
                        "--epsilon", "1")
         xb = privatize(capsys, d / "day2.csv", tmp_path / f"b-{mechanism}.csv", d / "key", "--mechanism", mechanism,
                        "--epsilon", "1")
-        assert abs(np.corrcoef(xa - a, xb - b)[0, 1]) < 0.01, mechanism
+        assert abs(np.corrcoef(xa - a, xb - b)[0, 1]) < INDEPENDENT, mechanism
         if mechanism == "laplace":
             assert np.mean(np.abs((xa - xb) - (a - b)) < 1e-3) < 0.01
 
@@ -161,7 +164,8 @@ def test_python_release_with_one_secret_twice_draws_independent_noise():
     secret = Secret(bytes(range(32)))
     y = np.full(ROWS, 0.5)
     first, second = rpwjax.release(params, secret, y), rpwjax.release(params, secret, y)
-    assert abs(np.corrcoef(first - y, second - y)[0, 1]) < 0.01
+    assert not np.array_equal(first, second)
+    assert abs(np.corrcoef(first - y, second - y)[0, 1]) < INDEPENDENT
     bound = secret.for_release("5a" * 16, purpose="test")  # bound to one release: reproducible
     np.testing.assert_array_equal(rpwjax.release(params, bound, y[:1000]), rpwjax.release(params, bound, y[:1000]))
 
