@@ -64,7 +64,7 @@ def test_auto_table_applies_the_margin_and_tolerance_rules(tmp_path, monkeypatch
         ("two-stage", "default", 8.0): [0.01, 0.01],  # not one of the six: ignored
     }
     write_rows(_rows("crime", "private", cells), tmp_path / "auto" / "crime" / "results.csv")
-    monkeypatch.setattr(reproduce, "auto_branches", lambda dataset, eps: dict.fromkeys(eps, "unbiased"))
+    monkeypatch.setattr(reproduce, "auto_branches", lambda dataset, eps, split=0: dict.fromkeys(eps, "unbiased"))
     table = {r["epsilon"]: r for r in reproduce.auto_table(tmp_path)}
     assert [table[e]["met"] for e in (1.0, 2.0, 4.0, 8.0)] == [True, False, True, False]
     assert table[1.0]["baseline"] == "unbiased" and np.isclose(table[1.0]["margin"], (0.61 - 0.51) / 0.61)
@@ -73,6 +73,33 @@ def test_auto_table_applies_the_margin_and_tolerance_rules(tmp_path, monkeypatch
     text = reproduce.auto_report(tmp_path)
     assert "crime: target met in 2 of 4 cells (2 seeds)" in text
     assert (tmp_path / "auto" / "target.md").read_text() == text + "\n"
+
+
+def test_never_the_worse_bet_and_the_unseen_splits_summary(tmp_path, monkeypatch):
+    cells = {
+        ("auto", "default", 0.1): [0.50, 0.70], ("rpwithprior", "default", 0.1): [0.50, 0.52],  # mean within auto's
+        # std (safe by the mean) but a spread 10 times the best mechanism's: the worse bet
+        ("auto", "default", 1.0): [0.70, 0.72], ("unbiased", "default", 1.0): [0.60, 0.62],  # worse by > auto's std
+        ("auto", "default", 2.0): [0.40, 0.42], ("unbiased", "default", 2.0): [0.60, 0.62],  # better: safe
+    }
+    for k in reproduce.UNSEEN_SPLITS[:2]:
+        write_rows([dict(r, split_seed=k) for r in _rows("crime", "private", cells)],
+                   tmp_path / reproduce.SPLITS / f"split-{k}" / "crime" / "results.csv")
+    seen = []
+    monkeypatch.setattr(reproduce, "auto_branches",
+                        lambda dataset, eps, split=0: seen.append(split) or dict.fromkeys(eps, "denoised"))
+    tables = reproduce.split_tables(tmp_path)
+    assert sorted(tables) == list(reproduce.UNSEEN_SPLITS[:2])
+    by_eps = {t["epsilon"]: t for t in tables[reproduce.UNSEEN_SPLITS[0]]}
+    assert by_eps[0.1]["safe_mean"] and not by_eps[0.1]["safe_std"] and not by_eps[0.1]["safe"]
+    assert not by_eps[1.0]["safe_mean"] and by_eps[1.0]["safe_std"]
+    assert by_eps[2.0]["safe"] and by_eps[2.0]["met"]
+    text = reproduce.auto_report(tmp_path)
+    assert "crime: target met in 2 of 6 cells (splits 1, 2; 2 seeds each); never the worse bet in 2 of 6." in text
+    assert "**no** (spread)" in text and "**no** (mean)" in text
+    assert (tmp_path / reproduce.SPLITS / "summary.md").read_text() in text + "\n"
+    split_one = (tmp_path / reproduce.SPLITS / "split-1" / "target.md").read_text()
+    assert "never the worse bet in 1 of 3" in split_one and set(seen) == set(reproduce.UNSEEN_SPLITS[:2])
 
 
 def test_the_committed_auto_sweep_covers_both_data_sets_every_epsilon_and_five_seeds():

@@ -12,8 +12,9 @@ and writes the target table. Each job runs in its own process; its output goes t
 ``plots/logs/NAME.txt`` and its wall time to ``plots/logs/times.txt``
 (about 44 minutes on 2 CPU cores for the paper-setting and beyond jobs, 50 more for the
 three auto jobs, 24 more for the ten validation folds of auto's step 2 and about 60 for the replicate of
-the judged auto sweeps on fresh seeds; :func:`auto_report` then writes ``auto/target.md``,
-``auto/validation.md`` and ``fresh-seeds/auto/target.md``).
+the judged auto sweeps on fresh seeds, and the same auto sweeps on the unseen train/test splits 1-3;
+:func:`auto_report` then writes ``auto/target.md``, ``auto/validation.md``, ``fresh-seeds/auto/target.md``,
+``auto-splits/split-K/target.md`` and ``auto-splits/summary.md``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ AUTO_VARIANTS = ("auto", "rr-on-bins+feature-prior", "unbiased+feature-prior")
 FRESH = "fresh-seeds"  # the judged auto sweeps' replicate on fresh seeds: FRESH/auto/DATASET (a tree like auto/'s)
 FRESH_DATASETS = ("crime", "california")
 AUTO_DATASETS = ("crime", "california", "randhie")
+SPLITS = "auto-splits"  # the judged auto sweeps on unseen splits: SPLITS/split-K/DATASET
+UNSEEN_SPLITS = (1, 2, 3)  # train/test split seeds never used while the rule was set
 # step 2 of auto's rule checked on validation folds only (held-out quarters of the training rows; no test row)
 VALIDATION_SEEDS = (777, 11, 22, 33, 44)
 VALIDATION_EPSILONS = {"crime": ("0.8", "1.5", "2", "4"), "california": ("0.5", "0.8", "1", "1.5")}
@@ -79,6 +82,10 @@ def _jobs() -> list[Job]:
     jobs += [Job(f"auto-fresh-{d}", f"{FRESH}/auto/{d}", ("--dataset", d, "--variants", *AUTO_VARIANTS, "--seeds", "5",
                                                        "--first-seed", "5"))
              for d in FRESH_DATASETS]
+    # the judged auto sweeps on train/test splits 1-3, whose test rows no rule change was ever made after
+    jobs += [Job(f"auto-split-{k}-{d}", f"{SPLITS}/split-{k}/{d}", ("--dataset", d, "--variants", *AUTO_VARIANTS,
+                                                                   "--seeds", "5", "--split-seed", str(k)))
+             for k in UNSEEN_SPLITS for d in AUTO_DATASETS]
     # auto's step 2 with each outcome forced, on five validation folds (the evidence for AutoRule.unbiased_below)
     jobs += [Job(f"auto-validation-{d}-{s}", f"auto/validation/{d}/seed-{s}",
                  ("--dataset", d, "--mechanisms", "unbiased", "--variants", "auto-denoised", "auto-unbiased",
@@ -268,18 +275,21 @@ FAIR = ("rr-on-bins+feature-prior", "unbiased+feature-prior")
 AUTO_TOLERANCE = 0.02  # at ε > MAX_BEYOND_EPSILON auto may be this much worse than the best of the six
 
 
-def auto_table(out) -> list[dict]:
+def auto_table(out, folder: str = "auto", split: int = 0) -> list[dict]:
     """``auto`` against the best of the six (default configuration) and against the fair comparison.
 
-    One row per data set and ε from ``auto/DATASET/results.csv`` in ``out`` (one sweep: same split, seeds and
-    MLP for every row). For ε <= 2 the target is met when auto's mean test MSE is lower than the best of
-    the six by more than one seed standard deviation (the larger of the two cells'); for larger ε when auto
-    is at most 2% worse. ``fair``: the better of RR-on-Bins and Unbiased given auto's feature-aware prior.
+    One row per data set and ε from ``FOLDER/DATASET/results.csv`` in ``out`` (one sweep: same split, seeds
+    and MLP for every row; ``split`` is the train/test split seed the sweep was run on). For ε <= 2 the
+    target is met when auto's mean test MSE is lower than the best of the six by more than one seed standard
+    deviation (the larger of the two cells'); for larger ε when auto is at most 2% worse. ``safe``: auto
+    was never the worse bet there, its mean at most the best of the six's plus one of auto's seed standard
+    deviations and its seed standard deviation at most twice the best mechanism's. ``fair``: the better of
+    RR-on-Bins and Unbiased given auto's feature-aware prior.
     """
     out = Path(out)
     table = []
     for dataset in AUTO_DATASETS:
-        path = out / "auto" / dataset / "results.csv"
+        path = out / folder / dataset / "results.csv"
         if not path.exists():
             continue
         cells = summarize(read_rows(path))
@@ -297,8 +307,11 @@ def auto_table(out) -> list[dict]:
                 met = a["test_mse_mean"] <= (1 + AUTO_TOLERANCE) * b["test_mse_mean"]
             fair = [at[m] for m in FAIR if m in at]
             f = min(fair, key=lambda s: s["test_mse_mean"]) if fair else None
+            safe_mean = a["test_mse_mean"] <= b["test_mse_mean"] + a["test_mse_std"]
+            safe_std = a["test_mse_std"] <= 2 * b["test_mse_std"]
             table.append({
-                "dataset": dataset, "epsilon": eps, "seeds": a["seeds"],
+                "dataset": dataset, "epsilon": eps, "seeds": a["seeds"], "split": split,
+                "safe": bool(safe_mean and safe_std), "safe_mean": bool(safe_mean), "safe_std": bool(safe_std),
                 "auto_mse": a["test_mse_mean"], "auto_std": a["test_mse_std"],
                 "baseline": b["mechanism"], "baseline_mse": b["test_mse_mean"], "baseline_std": b["test_mse_std"],
                 "margin": diff / b["test_mse_mean"], "met": bool(met),
@@ -319,31 +332,73 @@ def auto_plans(split, epsilons) -> dict:
     return plans
 
 
-def auto_branches(dataset: str, epsilons) -> dict:
-    """The branch the auto rule takes for each ε on a bundled data set's training rows (public numbers only)."""
-    return {e: p.branch for e, p in auto_plans(train_test_split(load_dataset(dataset), seed=0), epsilons).items()}
+def auto_branches(dataset: str, epsilons, split: int = 0) -> dict:
+    """The branch the auto rule takes for each ε on a bundled data set's training rows of split seed ``split``
+    (public numbers only)."""
+    return {e: p.branch for e, p in auto_plans(train_test_split(load_dataset(dataset), seed=split), epsilons).items()}
 
 
 def format_auto_table(table: list[dict]) -> str:
     """Markdown: per data set and ε, auto, the best of the six, the margin and the verdict, and the fair comparison."""
-    lines = ["| data set | ε | auto (branch) | best of the six | margin | met | best with auto's prior | auto vs it |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| data set | ε | auto (branch) | best of the six | margin | met | never worse | best with auto's prior "
+             "| auto vs it |",
+             "|---|---|---|---|---|---|---|---|---|"]
     branches = {}
     for d in sorted({t["dataset"] for t in table}):
-        branches[d] = auto_branches(d, sorted({t["epsilon"] for t in table if t["dataset"] == d}))
+        branches[d] = auto_branches(d, sorted({t["epsilon"] for t in table if t["dataset"] == d}),
+                                    split=table[0].get("split", 0))
     for t in table:
         fair = (f"{t['fair']} {t['fair_mse']:.4g} ± {t['fair_std']:.2g} | {100 * t['fair_margin']:+.1f}%"
                 if t["fair"] else "- | -")
         lines.append(
             f"| {t['dataset']} | {t['epsilon']:g} | {t['auto_mse']:.4g} ± {t['auto_std']:.2g} "
             f"({branches[t['dataset']][t['epsilon']]}) | {t['baseline']} {t['baseline_mse']:.4g} ± "
-            f"{t['baseline_std']:.2g} | {100 * t['margin']:+.1f}% | {'yes' if t['met'] else '**no**'} | {fair} |")
+            f"{t['baseline_std']:.2g} | {100 * t['margin']:+.1f}% | {'yes' if t['met'] else '**no**'} | "
+            f"{_safe_word(t)} | {fair} |")
     for d in sorted({t["dataset"] for t in table}):
         rows = [t for t in table if t["dataset"] == d]
         lines.append("")
         lines.append(f"{d}: target met in {sum(t['met'] for t in rows)} of {len(rows)} cells "
-                     f"({rows[0]['seeds']} seeds); auto beats the better feature-prior baseline in "
+                     f"({rows[0]['seeds']} seeds); never the worse bet in {sum(t['safe'] for t in rows)} of "
+                     f"{len(rows)}; auto beats the better feature-prior baseline in "
                      f"{sum((t['fair_margin'] or 0) > 0 for t in rows)} of {len(rows)}.")
+    return "\n".join(lines)
+
+
+def _safe_word(t: dict) -> str:
+    """'yes', or why auto was the worse bet in the cell: its mean, its seed spread, or both."""
+    if t["safe"]:
+        return "yes"
+    why = [w for w, ok in (("mean", t["safe_mean"]), ("spread", t["safe_std"])) if not ok]
+    return f"**no** ({', '.join(why)})"
+
+
+def split_tables(out) -> dict[int, list[dict]]:
+    """:func:`auto_table` of each unseen split's sweeps (``SPLITS/split-K/DATASET/results.csv`` in ``out``)."""
+    return {k: t for k in UNSEEN_SPLITS if (t := auto_table(out, f"{SPLITS}/split-{k}", split=k))}
+
+
+def format_split_summary(tables: dict[int, list[dict]]) -> str:
+    """Markdown: per data set and ε, each unseen split's margin, target verdict and 'never the worse bet'
+    verdict, then per data set the counts over all splits."""
+    splits = sorted(tables)
+    cells = {(t["dataset"], t["epsilon"], k): t for k in splits for t in tables[k]}
+    keys = sorted({(d, e) for d, e, _ in cells}, key=lambda de: (AUTO_DATASETS.index(de[0]), de[1]))
+    lines = ["| data set | ε | " + " | ".join(f"split {k}: margin, met, never worse" for k in splits) + " |",
+             "|---|---|" + "---|" * len(splits)]
+    for d, e in keys:
+        parts = []
+        for k in splits:
+            t = cells.get((d, e, k))
+            parts.append("-" if t is None else
+                         f"{100 * t['margin']:+.1f}%, {'yes' if t['met'] else '**no**'}, {_safe_word(t)}")
+        lines.append(f"| {d} | {e:g} | " + " | ".join(parts) + " |")
+    for d in dict.fromkeys(d for d, _ in keys):
+        rows = [t for (dd, _, _), t in cells.items() if dd == d]
+        lines.append("")
+        lines.append(f"{d}: target met in {sum(t['met'] for t in rows)} of {len(rows)} cells "
+                     f"(splits {', '.join(map(str, splits))}; {rows[0]['seeds']} seeds each); never the worse bet "
+                     f"in {sum(t['safe'] for t in rows)} of {len(rows)}.")
     return "\n".join(lines)
 
 
@@ -397,6 +452,12 @@ def auto_report(out) -> str:
     if fresh:
         texts.append(format_auto_table(fresh))
         (Path(out) / FRESH / "auto" / "target.md").write_text(texts[-1] + "\n")
+    splits = split_tables(out)
+    for k, table in splits.items():
+        (Path(out) / SPLITS / f"split-{k}" / "target.md").write_text(format_auto_table(table) + "\n")
+    if splits:
+        texts.append(format_split_summary(splits))
+        (Path(out) / SPLITS / "summary.md").write_text(texts[-1] + "\n")
     validation = validation_table(out)
     if validation:
         texts.append(format_validation_table(validation))
