@@ -20,6 +20,7 @@ import dataclasses
 import math
 import time
 
+import jax
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -142,6 +143,9 @@ def _variant_jobs(split: Split, config: SweepConfig, name: str, eps: np.ndarray,
         seconds = (time.perf_counter() - start) / eps.size
         for e, lab in zip(eps, labels):
             jobs.append((name, float(e), seed, np.asarray(lab, np.float32), float(np.mean((lab - y) ** 2)), seconds, 0.0))
+        # a pipeline's releases are compiled for its rows' own ranges and shapes, so a seed's compiled code is
+        # rarely used again: dropping it keeps a long sweep's memory (and mapped code) flat
+        jax.clear_caches()
         if bar is not None:
             bar.update(1)
     return jobs
