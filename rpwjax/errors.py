@@ -87,6 +87,14 @@ def check_range(lo, hi) -> tuple[float, float]:
     return lo_f, hi_f
 
 
+def as_labels(labels, name: str = "labels") -> np.ndarray:
+    """Labels as a 1-d float64 array (possibly empty), or an InputError when they are not numbers."""
+    try:
+        return np.asarray(labels, dtype=np.float64).ravel()
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be numeric, got a value that is not a number") from None
+
+
 def check_labels(labels, lo: float, hi: float, *, clip: bool = False, name: str = "labels") -> np.ndarray:
     """Labels as a 1-d float64 array: non-empty, finite, inside [lo, hi].
 
@@ -94,10 +102,7 @@ def check_labels(labels, lo: float, hi: float, *, clip: bool = False, name: str 
     which case they are clipped (clipping is what every mechanism does first,
     so it costs no privacy; refusing by default catches a wrong range).
     """
-    try:
-        y = np.asarray(labels, dtype=np.float64).ravel()
-    except (TypeError, ValueError):
-        raise InputError(f"{name} must be numeric, got a value that is not a number") from None
+    y = as_labels(labels, name)
     if y.size == 0:
         raise InputError(f"{name} are empty: need at least one label")
     if lo <= y.min() and y.max() <= hi:  # two reductions, no temporaries: finite and inside (NaN compares false)

@@ -36,6 +36,7 @@ computes by enumerating all of its uniforms.
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any, Callable
 
@@ -57,14 +58,55 @@ LABEL_BATCH = 32  # labels bisected together (vmapped)
 STREAM_BATCH = 256  # extra labels whose counts are held at once
 
 
+class ValueFn:
+    """``value_fn(k, y)`` split into a hashable rule ``fn(args, k, y)`` and its array arguments ``args``.
+
+    The checks below are compiled once per rule and shape of ``args``, not once per parameter set: the
+    shipped release's rule is its grid (:class:`_Shipped`), its arguments the parameters and output range.
+    """
+
+    def __init__(self, fn, args=()):
+        self.fn, self.args = fn, args
+
+    def __call__(self, k, y):
+        return self.fn(self.args, k, y)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shipped:
+    """The shipped release on ``grid`` (equal, and so one compiled check, for every parameter set of one
+    class on it). The class's sampler and translation are part of the key: code that replaces them (a
+    patched or wrapped sampler) is traced anew, never checked with the code compiled before."""
+
+    grid: float | None
+    sampler: Callable
+    translated: Callable
+
+    def __call__(self, args, k, y):
+        params, low, high = args
+        return released_values(params, self.grid, low, high, uniform_from_index(k), y)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plain:
+    """A caller's ``value_fn(k, y)`` with no separate arguments (compiled for that function object)."""
+
+    value_fn: Callable
+
+    def __call__(self, args, k, y):
+        return self.value_fn(k, y)
+
+
+def _split(value_fn) -> tuple[Callable, Any]:
+    return (value_fn.fn, value_fn.args) if isinstance(value_fn, ValueFn) else (_Plain(value_fn), ())
+
+
 def shipped_value_fn(params: Mechanism, output_spec: dict | None = None):
     """(value_fn(k, y), N, cells) of the shipped release of ``params`` (with ``output_spec``, default its spec)."""
     s = spec(params) if output_spec is None else output_spec
     grid, low, high = s["grid"], float(np.min(s["low"])), float(np.max(s["high"]))
-
-    def value_fn(k, y):
-        return released_values(params, grid, s["low"], s["high"], uniform_from_index(k), y)
-
+    rule = _Shipped(grid, type(params).sample_from_uniform, type(params).translated)
+    value_fn = ValueFn(rule, (params, np.asarray(s["low"], np.float64), np.asarray(s["high"], np.float64)))
     if grid is None:
         cells = np.unique(np.asarray(params.outputs, np.float64))
     else:
@@ -89,9 +131,9 @@ def fresh_labels(params: Mechanism, count: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(float(params.lo), float(params.hi), int(count))
 
 
-@partial(jax.jit, static_argnames=("value_fn", "count"))
-def _thresholds(value_fn, count, cells, labels):
-    """K[l, j] = #{k < count : value_fn(k, labels[l]) < cells[j]} by bisection (value_fn non-decreasing in k).
+@partial(jax.jit, static_argnames=("fn", "count"))
+def _thresholds(fn, count, args, cells, labels):
+    """K[l, j] = #{k < count : fn(args, k, labels[l]) < cells[j]} by bisection (non-decreasing in k).
 
     A first pass evaluates every ``stride``-th k; where a cell falls among those values brackets its threshold
     to ``stride`` uniforms, then bisection finishes it. Labels are bisected together (vmapped).
@@ -104,7 +146,7 @@ def _thresholds(value_fn, count, cells, labels):
     steps = stride.bit_length() + 1
 
     def one(y):
-        v = value_fn(coarse_k, y)
+        v = fn(args, coarse_k, y)
         j = jnp.searchsorted(v, cells, side="left")  # #{j : v_j < c}: the threshold is in (k_{j-1}, k_j]
         low = jnp.where(j > 0, ends[jnp.maximum(j - 1, 0)] + 1, 0)
         high = jnp.where(j > 0, ends[j], 0)
@@ -112,7 +154,7 @@ def _thresholds(value_fn, count, cells, labels):
         def body(_, state):
             low, high = state
             mid = (low + high) // 2
-            below = value_fn(jnp.minimum(mid, count - 1), y) < cells
+            below = fn(args, jnp.minimum(mid, count - 1), y) < cells
             return jnp.where(below, mid + 1, low), jnp.where(below, high, mid)
 
         return lax.fori_loop(0, steps, body, (low, high))[0]
@@ -120,9 +162,17 @@ def _thresholds(value_fn, count, cells, labels):
     return jax.vmap(one)(labels)
 
 
-@partial(jax.jit, static_argnames=("value_fn",))
-def _evaluate(value_fn, k, labels):
-    return jax.vmap(lambda y: value_fn(k, y))(labels)
+@partial(jax.jit, static_argnames=("fn",))
+def _evaluate(fn, args, k, labels):
+    return jax.vmap(lambda y: fn(args, k, y))(labels)
+
+
+def _padded_cells(cells: np.ndarray) -> np.ndarray:
+    """``cells`` then +inf up to a power of two (at least 64), so that parameter sets with different numbers
+    of cells share a compiled check; every uniform is below +inf, so a padded cell's threshold is ``count``
+    and it is dropped."""
+    size = max(64, 1 << int(cells.size - 1).bit_length())
+    return np.concatenate([cells, np.full(size - cells.size, np.inf)])
 
 
 def realized_counts(value_fn: Callable, count: int, labels, cells=None) -> dict[str, Any]:
@@ -133,23 +183,27 @@ def realized_counts(value_fn: Callable, count: int, labels, cells=None) -> dict[
     """
     labels = np.asarray(labels, np.float64)
     problems: list[str] = []
+    fn, args = _split(value_fn)
     with jax.enable_x64(True):
         if cells is None:
             if count > MAX_ENUMERATION:
                 raise ValueError(f"enumerating {count} uniforms is too many; give the cells")
             k = jnp.arange(count, dtype=jnp.int64)
-            values = np.asarray(_evaluate(value_fn, k, jnp.asarray(labels)), np.float64)
+            values = np.asarray(_evaluate(fn, args, k, jnp.asarray(labels)), np.float64)
             cells = np.unique(values)
             counts = np.stack([np.bincount(np.searchsorted(cells, v), minlength=cells.size) for v in values])
             return {"cells": cells, "counts": counts, "problems": problems}
         cells = np.asarray(cells, np.float64)
         padded = np.concatenate([labels, np.full(-labels.size % LABEL_BATCH, labels[0] if labels.size else 0.0)])
+        wide = jnp.asarray(_padded_cells(cells))
         thresholds = np.concatenate([
-            np.asarray(_thresholds(value_fn, int(count), jnp.asarray(cells), jnp.asarray(batch)), np.int64)
+            np.asarray(_thresholds(fn, int(count), args, wide, jnp.asarray(batch)), np.int64)[:, : cells.size]
             for batch in padded.reshape(-1, LABEL_BATCH)])[: labels.size]
         draws = np.sort(np.random.default_rng(1).integers(0, count, CHECK_DRAWS))
         draws[0], draws[-1] = 0, count - 1
-        values = np.asarray(_evaluate(value_fn, jnp.asarray(draws, jnp.int64), jnp.asarray(labels)), np.float64)
+        values = np.concatenate([
+            np.asarray(_evaluate(fn, args, jnp.asarray(draws, jnp.int64), jnp.asarray(batch)), np.float64)
+            for batch in padded.reshape(-1, LABEL_BATCH)])[: labels.size]
     decreasing = int(np.count_nonzero(np.diff(values, axis=1) < 0))
     if decreasing:
         problems.append(f"the release is not monotone in the uniform ({decreasing} decreases in {values.size} draws)")

@@ -44,11 +44,13 @@ from __future__ import annotations
 from functools import partial
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from rpwjax import certify
 from rpwjax.accounting import Accounting, account
-from rpwjax.errors import InputError, check_labels
+from rpwjax.errors import InputError, as_labels, check_labels
 from rpwjax.keys import Secret, bound
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.sampling import block_uniforms, params_digest, released_values, spec
@@ -71,19 +73,52 @@ def sidecar_fields(params: Mechanism) -> dict:
     return {"output_grid": s["grid"], "output_range": [float(np.min(s["low"])), float(np.max(s["high"]))]}
 
 
-@partial(jax.jit, static_argnames=("grid", "per_row"))
-def _release_blocks(params, low, high, key, counters, y_blocks, grid, per_row):
-    def one(p, lo_, hi_, counter, y):
-        return released_values(p, grid, lo_, hi_, block_uniforms(key, counter), y)
+def _sequential(devices) -> bool:
+    """Whether blocks go through one device one after another (``lax.map``) rather than side by side (``vmap``).
 
-    row = 0 if per_row else None  # per-row parameters and ranges are blocked like the labels
-    in_axes = (jax.tree_util.tree_map(lambda _: row, params), row, row, 0, 0)
-    return jax.vmap(one, in_axes=in_axes)(params, low, high, counters, y_blocks)
+    On a single CPU device a block at a time keeps its working set (a block of labels, uniforms and
+    intermediates) in cache, and a mechanism with a search per row (Unbiased) does not materialize it for every
+    row of every block at once; accelerators and several devices take the blocks side by side. The values
+    are the same either way: each block's computation depends only on its own counter and labels.
+    """
+    return len(devices) == 1 and devices[0].platform == "cpu"
+
+
+@partial(jax.jit, static_argnames=("grid", "per_row", "sequential"))
+def _release_blocks(params, low, high, key, counters, y_blocks, label_range, grid, per_row, sequential=False):
+    """(released blocks, whether every label is inside ``label_range`` = [lo, hi]: finite and in range).
+
+    The range check rides in the same pass as the release so that a good file is read once; a caller
+    discards the output when the flag is false.
+    """
+    inside = jnp.all((y_blocks >= label_range[0]) & (y_blocks <= label_range[1]))  # NaN compares false
+    if per_row:  # per-row parameters and ranges are blocked like the labels
+        def one(xs):
+            p, lo_, hi_, counter, y = xs
+            return released_values(p, grid, lo_, hi_, block_uniforms(key, counter), y)
+        xs = (params, low, high, counters, y_blocks)
+    else:
+        def one(xs):
+            counter, y = xs
+            return released_values(params, grid, low, high, block_uniforms(key, counter), y)
+        xs = (counters, y_blocks)
+    # batch_size=1: each step runs the vectorized block computation on one block (the unbatched body, a
+    # block's rows one scalar at a time, did not finish in minutes on two blocks)
+    out = lax.map(one, xs, batch_size=1) if sequential else jax.vmap(one)(xs)
+    return out, inside
+
+
+def _aligned_empty(size: int) -> np.ndarray:
+    """An uninitialized float64 array whose data starts on a 64-byte boundary: the CPU device can then use it
+    in place (``device_put`` without a copy)."""
+    raw = np.empty(size * 8 + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start : start + size * 8].view(np.float64)
 
 
 def _blocks(values, offset, num_blocks, fill):
     """``values`` placed at ``offset`` in whole blocks, the rest ``fill`` (the padding is released and dropped)."""
-    padded = np.empty(num_blocks * BLOCK_ROWS, np.float64)
+    padded = _aligned_empty(num_blocks * BLOCK_ROWS)
     padded[:offset] = fill
     padded[offset : offset + values.size] = values
     padded[offset + values.size :] = fill
@@ -125,17 +160,27 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     start = int(start)
     if start < 0:
         raise InputError(f"start must be a non-negative row index, got start={start}")
-    y = np.asarray(labels, dtype=np.float64).ravel()
+    y = as_labels(labels)
     if y.size == 0:
         return y
-    y = check_labels(y, float(np.min(params.lo)), float(np.max(params.hi)), clip=clip)
-    if account(accounting) is not None:
-        release_spend(accounting, params)
     per_row = _per_row(params, y.size)
     parameters = params_digest(params)
     s = _cached_spec(params, parameters) if output_spec is None else output_spec
     # the realized check on these exact parameters (cached), or InputError: nothing released
     certify.certify(params, s, parameters)
+    lo, hi = float(np.min(params.lo)), float(np.max(params.hi))
+    out, inside = _release_labels(params, parameters, s, secret, y, start, purpose, per_row, (lo, hi))
+    if not inside:
+        # the kernel found a label outside [lo, hi] or not finite: name it (InputError), or clip and redo
+        y = check_labels(y, lo, hi, clip=clip)
+        out, _ = _release_labels(params, parameters, s, secret, y, start, purpose, per_row, (lo, hi))
+    if account(accounting) is not None:
+        release_spend(accounting, params)
+    return out
+
+
+def _release_labels(params, parameters, s, secret, y, start, purpose, per_row, label_range):
+    """(released values of ``y`` at rows ``start, ...``, whether every label was inside ``label_range``)."""
     offset = start % BLOCK_ROWS
     devices = jax.local_devices()  # multi-host: each process shards its own rows over its own devices
     num_blocks = -(-(offset + y.size) // BLOCK_ROWS)
@@ -143,7 +188,7 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     key = secret.stream_key(purpose + "/" + params.name + "/" + parameters)
     counters = block_counters(start // BLOCK_ROWS, num_blocks)
     with jax.enable_x64(True):
-        blocks = _blocks(y, offset, num_blocks, float(params.lo))
+        blocks = _blocks(y, offset, num_blocks, float(np.min(params.lo)))
         low, high = s["low"], s["high"]
         if per_row:
             params = jax.tree_util.tree_map(
@@ -156,9 +201,10 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
             # changes where a block is computed, never what it computes
             mesh = jax.sharding.Mesh(np.array(devices), ("blocks",))
             blocks = jax.device_put(blocks, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("blocks")))
-        out = _release_blocks(params, low, high, key, counters, blocks, grid=s["grid"], per_row=per_row)
+        out, inside = _release_blocks(params, low, high, key, counters, blocks, np.asarray(label_range, np.float64),
+                                      grid=s["grid"], per_row=per_row, sequential=_sequential(devices))
         out = np.asarray(out, np.float64).reshape(-1)
-    return out[offset : offset + y.size]
+    return out[offset : offset + y.size], bool(inside)
 
 
 def release_spend(accounting: Accounting, params: Mechanism):

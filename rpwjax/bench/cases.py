@@ -163,11 +163,14 @@ def kernel_thunk(mechanism: str, n: int, secret: Secret | None = None):
     secret = bound(secret if secret is not None else Secret.from_seed(1))
     key = secret.stream_key("labels/" + params.name + "/" + params_digest(params))  # the release's own stream
     blocks, counters = _device_blocks(n, float(params.lo))
+    label_range = np.array([float(params.lo), float(params.hi)])
+    sequential = release_path._sequential(jax.local_devices())
 
     def call():
         with jax.enable_x64(True):
-            return release_path._release_blocks(params, s["low"], s["high"], key, counters, blocks,
-                                                grid=s["grid"], per_row=False).block_until_ready()
+            out, _ = release_path._release_blocks(params, s["low"], s["high"], key, counters, blocks, label_range,
+                                                  grid=s["grid"], per_row=False, sequential=sequential)
+            return out.block_until_ready()
     return call
 
 
