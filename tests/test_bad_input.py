@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import rpwjax
 from rpwjax import cli
 from rpwjax.errors import InputError
 from rpwjax.pipelines import PIPELINES
@@ -914,3 +915,18 @@ def test_one_integer_check_names_the_option_bounds_and_value(value, minimum, max
     with pytest.raises(InputError) as err:
         check_integer(value, "n", minimum, maximum)
     assert str(err.value) == f"n must be an integer {bounds}, got n={value!r}"
+
+
+def test_a_refused_release_records_no_spend_and_a_clipped_one_records_one():
+    from rpwjax.accounting import Accounting
+
+    params = rpwjax.fit("laplace", np.zeros(1), range=(0.0, 1.0), epsilon=1.0).params
+    secret = rpwjax.Secret(bytes(range(32)))
+    y = np.full(40, 0.5)
+    y[7] = 1.5
+    book = Accounting(rows=40, epsilon=1.0)
+    with pytest.raises(InputError, match=r"got labels\[7\]=1.5"):
+        rpwjax.release(params, secret, y, accounting=book)
+    assert book.spends == []  # the kernel found the label: nothing released, nothing spent
+    out = rpwjax.release(params, secret, y, accounting=book, clip=True)
+    assert out.shape == (40,) and [s.purpose for s in book.spends] == ["release"]
