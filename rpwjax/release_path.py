@@ -73,15 +73,19 @@ def sidecar_fields(params: Mechanism) -> dict:
     return {"output_grid": s["grid"], "output_range": [float(np.min(s["low"])), float(np.max(s["high"]))]}
 
 
-def _sequential(devices) -> bool:
+SEQUENTIAL_BLOCKS = 16  # from this many blocks on, a single CPU device takes them one at a time
+
+
+def _sequential(devices, num_blocks: int = SEQUENTIAL_BLOCKS) -> bool:
     """Whether blocks go through one device one after another (``lax.map``) rather than side by side (``vmap``).
 
     On a single CPU device a block at a time keeps its working set (a block of labels, uniforms and
     intermediates) in cache, and a mechanism with a search per row (Unbiased) does not materialize it for every
-    row of every block at once; accelerators and several devices take the blocks side by side. The values
+    row of every block at once; accelerators and several devices take the blocks side by side. A few blocks
+    gain nothing from it and the loop takes longer to compile, so small releases stay side by side. The values
     are the same either way: each block's computation depends only on its own counter and labels.
     """
-    return len(devices) == 1 and devices[0].platform == "cpu"
+    return len(devices) == 1 and devices[0].platform == "cpu" and num_blocks >= SEQUENTIAL_BLOCKS
 
 
 @partial(jax.jit, static_argnames=("grid", "per_row", "sequential"))
@@ -202,7 +206,8 @@ def _release_labels(params, parameters, s, secret, y, start, purpose, per_row, l
             mesh = jax.sharding.Mesh(np.array(devices), ("blocks",))
             blocks = jax.device_put(blocks, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("blocks")))
         out, inside = _release_blocks(params, low, high, key, counters, blocks, np.asarray(label_range, np.float64),
-                                      grid=s["grid"], per_row=per_row, sequential=_sequential(devices))
+                                      grid=s["grid"], per_row=per_row,
+                                      sequential=_sequential(devices, num_blocks))
         out = np.asarray(out, np.float64).reshape(-1)
     return out[offset : offset + y.size], bool(inside)
 

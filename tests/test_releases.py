@@ -19,7 +19,7 @@ import pytest
 import rpwjax
 from rpwjax import ledger, stream
 from rpwjax.keys import Secret
-from helpers import fixed_key, run
+from helpers import fixed_key, run, slow_unless
 
 LO, HI = 0.0, 1.0
 ROWS = 100_000
@@ -267,3 +267,30 @@ def test_ledger_appends_are_whole_under_concurrent_runs(tmp_path):
     assert len(records) == 75 and len({r["release_id"] for r in records}) == 75
     (group,) = ledger.summaries(records)
     assert group["epsilon_total"] == pytest.approx(75 * 0.25)
+
+
+@pytest.mark.parametrize("mechanism", slow_unless(list(rpwjax.MECHANISMS), fast=["laplace", "unbiased"]))
+def test_blocks_one_at_a_time_or_side_by_side_release_the_same_bits(mechanism):
+    """A single CPU device takes many blocks one at a time (lax.map), other devices side by side (vmap): the
+    released values are the same bit for bit, and so is the range flag the kernel returns."""
+    import jax
+
+    import rpwjax.release_path as rp
+    from rpwjax.audit.checks import fit_example
+    from rpwjax.sampling import spec
+
+    params = fit_example(mechanism, 1.0)
+    s = spec(params)
+    key = Secret(bytes(range(32))).for_release("5a" * 16, purpose="test").stream_key("labels")
+    y = np.random.default_rng(3).uniform(float(params.lo), float(params.hi), 3 * stream.BLOCK_ROWS - 5)
+    with jax.enable_x64(True):
+        blocks = rp._blocks(y, 5, 3, float(params.lo))
+        counters = stream.block_counters(7, 3)
+        for bad in (None, float("nan")):
+            if bad is not None:
+                blocks[1, 9] = bad
+            runs = [rp._release_blocks(params, s["low"], s["high"], key, counters, blocks,
+                                       np.array([float(params.lo), float(params.hi)]), grid=s["grid"], per_row=False,
+                                       sequential=sequential) for sequential in (False, True)]
+            np.testing.assert_array_equal(np.asarray(runs[0][0]), np.asarray(runs[1][0]))
+            assert bool(runs[0][1]) == bool(runs[1][1]) == (bad is None)

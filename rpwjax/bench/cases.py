@@ -164,7 +164,7 @@ def kernel_thunk(mechanism: str, n: int, secret: Secret | None = None):
     key = secret.stream_key("labels/" + params.name + "/" + params_digest(params))  # the release's own stream
     blocks, counters = _device_blocks(n, float(params.lo))
     label_range = np.array([float(params.lo), float(params.hi)])
-    sequential = release_path._sequential(jax.local_devices())
+    sequential = release_path._sequential(jax.local_devices(), counters.shape[0])
 
     def call():
         with jax.enable_x64(True):
