@@ -81,6 +81,8 @@ def test_never_the_worse_bet_and_the_unseen_splits_summary(tmp_path, monkeypatch
         # std (safe by the mean) but a spread 10 times the best mechanism's: the worse bet
         ("auto", "default", 1.0): [0.70, 0.72], ("unbiased", "default", 1.0): [0.60, 0.62],  # worse by > auto's std
         ("auto", "default", 2.0): [0.40, 0.42], ("unbiased", "default", 2.0): [0.60, 0.62],  # better: safe
+        ("auto", "default", 4.0): [0.30, 0.50], ("unbiased", "default", 4.0): [0.60, 0.61],  # every seed better,
+        # but a spread over twice the best mechanism's: the worse bet by the spread alone, and said so
     }
     for k in reproduce.UNSEEN_SPLITS[:2]:
         write_rows([dict(r, split_seed=k) for r in _rows("crime", "private", cells)],
@@ -95,11 +97,14 @@ def test_never_the_worse_bet_and_the_unseen_splits_summary(tmp_path, monkeypatch
     assert not by_eps[1.0]["safe_mean"] and by_eps[1.0]["safe_std"]
     assert by_eps[2.0]["safe"] and by_eps[2.0]["met"]
     text = reproduce.auto_report(tmp_path)
-    assert "crime: target met in 2 of 6 cells (splits 1, 2; 2 seeds each); never the worse bet in 2 of 6." in text
+    assert "crime: target met in 4 of 8 cells (splits 1, 2; 2 seeds each); never the worse bet in 2 of 8 (of the " \
+           "others, 2 fail on the spread alone" in text
     assert "**no** (spread)" in text and "**no** (mean)" in text
+    assert by_eps[4.0]["every_seed_better"] and not by_eps[4.0]["safe"] and by_eps[4.0]["met"]
+    assert "every seed better than every seed of the best of the six" in text
     assert (tmp_path / reproduce.SPLITS / "summary.md").read_text() in text + "\n"
     split_one = (tmp_path / reproduce.SPLITS / "split-1" / "target.md").read_text()
-    assert "never the worse bet in 1 of 3" in split_one and set(seen) == set(reproduce.UNSEEN_SPLITS[:2])
+    assert "never the worse bet in 1 of 4" in split_one and set(seen) == set(reproduce.UNSEEN_SPLITS[:2])
 
 
 def test_the_committed_auto_sweep_covers_both_data_sets_every_epsilon_and_five_seeds():
