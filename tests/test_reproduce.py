@@ -179,6 +179,16 @@ def test_the_readme_quotes_the_committed_auto_table_and_benchmark_run():
     assert (root / "plots" / reproduce.FRESH / "auto" / "target.md").read_text() == fresh + "\n"
     assert fresh in readme and "--first-seed" in readme
     assert {j.name for j in reproduce.JOBS} >= {f"auto-fresh-{d}" for d in reproduce.FRESH_DATASETS}
+    # the unseen splits: each split's table and the summary beside them, the summary in the README
+    splits = reproduce.split_tables(root / "plots")
+    assert splits and set(splits) <= set(reproduce.UNSEEN_SPLITS)
+    for k, table in splits.items():
+        assert {t["split"] for t in table} == {k}
+        path = root / "plots" / reproduce.SPLITS / f"split-{k}" / "target.md"
+        assert path.read_text() == reproduce.format_auto_table(table) + "\n"
+    summary = reproduce.format_split_summary(splits)
+    assert (root / "plots" / reproduce.SPLITS / "summary.md").read_text() == summary + "\n"
+    assert summary in readme and "--split-seed" in readme
     run = json.loads((root / "benchmarks" / "results" / "cpu" / "results.json").read_text())
     assert run["errors"] == [] and run["targets"]
     for target in run["targets"].values():
