@@ -257,6 +257,7 @@ def summarize(rows: list[dict]) -> list[dict]:
             "dataset": dataset, "split_seed": split, "prior": prior, "config": cfg, "mechanism": mech, "epsilon": eps,
             "seeds": len(rs),
             "test_mse_mean": float(t.mean()), "test_mse_std": float(t.std(ddof=1)) if len(rs) > 1 else 0.0,
+            "test_mse_min": float(t.min()), "test_mse_max": float(t.max()),
             "label_mse_mean": float(lm.mean()),
         })
     return out
