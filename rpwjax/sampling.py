@@ -9,6 +9,7 @@ grid and range of a parameter set. :func:`rpwjax.release_path.release` runs them
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import jax
@@ -40,15 +41,34 @@ def params_digest(params: Mechanism) -> str:
     difference (another ε, another interval, per-row parameters of another
     table) gives independent uniforms.
     """
-    leaves, treedef = jax.tree_util.tree_flatten(params)
+    leaves, tree = _defining_tree(params)
     cls = type(params)
     h = hashlib.sha256(canonical_json({"mechanism": params.name, "class": f"{cls.__module__}.{cls.__qualname__}",
-                                       "tree": str(treedef)}).encode())
+                                       "tree": tree}).encode())
     for leaf in leaves:
         a = np.ascontiguousarray(np.asarray(leaf, np.float64))
         h.update(repr(a.shape).encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+def _defining_tree(params: Mechanism):
+    """(leaves, structure text) of ``params`` without its derived fields (lookup tables computed from the other
+    fields, :attr:`Mechanism.derived_fields`): they add nothing to what the parameters are, so the digest, and
+    every release key, is the one the parameters had before such tables existed."""
+    cls = type(params)
+    derived = getattr(cls, "derived_fields", ())
+    if not derived:
+        leaves, treedef = jax.tree_util.tree_flatten(params)
+        return leaves, str(treedef)
+    static = cls._static_fields
+    names = [f.name for f in dataclasses.fields(params) if f.name not in derived]
+    data = [n for n in names if n not in static]
+    meta = tuple(getattr(params, n) for n in names if n in static)
+    # the text jax gives the structure of a registered node whose children are all arrays (a test holds it to
+    # jax's own text for every mechanism without derived fields)
+    text = f"PyTreeDef(CustomNode({cls.__name__}[({cls!r}, {meta!r})], [{', '.join('*' for _ in data)}]))"
+    return [getattr(params, n) for n in data], text
 
 
 def range_text(params: Mechanism) -> str:

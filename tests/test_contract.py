@@ -497,6 +497,8 @@ def test_fit_over_an_epsilon_grid_equals_fits_one_at_a_time(case):
     batched = fitted_grid(case.mechanism, case.prior)[EPSILONS.index(case.epsilon)]
     assert batched.batch_shape == () and float(batched.epsilon) == case.epsilon
     for f in dataclasses.fields(single):
+        if f.name in single.derived_fields:
+            continue  # lookup tables of the sampler: indices into the padded outputs; compared through the pmf
         a, b = getattr(single, f.name), getattr(batched, f.name)
         if isinstance(a, (str, bool, float, int)) or a is None:
             assert a == b, f.name
@@ -529,3 +531,54 @@ def test_bias_and_mse_match_the_release(case):
         assert abs(err.mean() - b) <= STANDARD_ERRORS * se_bias, (y, err.mean(), b, se_bias)
         # snapping to the grid adds about h²/12 to the mse (h <= std/16: far below a standard error)
         assert abs((err**2).mean() - m) <= STANDARD_ERRORS * se_mse + h**2 / 6, (y, (err**2).mean(), m, se_mse)
+
+
+GUIDED_CASES = [c for c in CASES if MECHANISMS[c.values[0].mechanism].params.derived_fields]
+
+
+def _without_derived(params):
+    """``params`` with its derived fields (the sampler's lookup tables) dropped: the full searches."""
+    plain = object.__new__(type(params))
+    for f in dataclasses.fields(params):
+        object.__setattr__(plain, f.name, getattr(params, f.name))
+    defaults = {f.name: f.default for f in dataclasses.fields(params)}
+    for name in type(params).derived_fields:
+        object.__setattr__(plain, name, defaults[name])
+    return plain
+
+
+@pytest.mark.parametrize("case", GUIDED_CASES)
+def test_lookup_tables_change_no_released_value(case):
+    """A sampler's guide tables only shorten its searches: with and without them, the same output for the same
+    uniform and label, bit for bit, at labels on and next to every breakpoint and at uniforms next to every
+    bucket edge, in both tails and at random (for one ε and for every ε of a stacked fit)."""
+    from rpwjax.mechanisms import guide
+
+    rng = np.random.default_rng(7)
+    grid = fitted_grid(case.mechanism, case.prior)
+    for params in (fitted(case), grid[EPSILONS.index(case.epsilon)], grid):
+        plain = _without_derived(params)
+        assert params.guide_steps and not plain.guide_steps
+        flat = params if params.batch_shape == () else params[0]
+        breaks = np.concatenate([np.ravel(b) for b in flat.breakpoints()] + [[flat.lo, flat.hi]])
+        breaks = breaks[(breaks >= flat.lo) & (breaks <= flat.hi)]
+        y = np.concatenate([breaks, np.nextafter(breaks, -np.inf), np.nextafter(breaks, np.inf),
+                            rng.uniform(flat.lo, flat.hi, 4000)])
+        y = np.clip(y, flat.lo, flat.hi)
+        start, end = guide.uniform_bucket_edges()
+        edges = np.concatenate([start, end])
+        ulp = 2.0 ** -52
+        u = np.concatenate([edges - ulp, edges, edges + ulp, (np.arange(64) + 0.5) * ulp, 1 - (np.arange(64) + 0.5) * ulp,
+                            (rng.integers(0, 2**52, 4000) + 0.5) * ulp])
+        u = np.clip(np.round(u / ulp - 0.5) + 0.5, 0.5, 2**52 - 0.5) * ulp  # uniforms the release can draw
+        yy, uu = np.repeat(y, 8), rng.choice(u, y.size * 8)
+        uu[: u.size] = u[: uu.size]
+        with jax.enable_x64(True):
+            if params.batch_shape == ():
+                fast = jax.jit(type(params).sample_from_uniform)(params, uu, yy)
+                full = jax.jit(type(plain).sample_from_uniform)(plain, uu, yy)
+            else:
+                def draw(p):
+                    return jax.jit(jax.vmap(lambda q: q.sample_from_uniform(uu, yy)))(p)
+                fast, full = draw(params), draw(plain)
+        np.testing.assert_array_equal(np.asarray(fast), np.asarray(full))

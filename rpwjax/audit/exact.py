@@ -242,6 +242,8 @@ def _discrete_outputs(params, table, labels, seed):
     candidates = []
     if dataclasses.is_dataclass(params):
         for f in dataclasses.fields(params):
+            if f.name in getattr(params, "derived_fields", ()):
+                continue
             value = getattr(params, f.name)
             if isinstance(value, (str, bool)) or value is None:
                 continue

@@ -55,6 +55,9 @@ class Mechanism:
     discrete: ClassVar[bool] = False
     # fields that are positions on the label axis (they move with a translation of it; the rest are scales)
     position_fields: ClassVar[tuple] = ("lo", "hi")
+    # fields computed from the others when the parameters are built (lookup tables of a fast sampler): never
+    # saved or read, and not candidate outputs
+    derived_fields: ClassVar[tuple] = ()
 
     def __init_subclass__(cls, **kwargs):
         # A subclass that only overrides methods (a variant sampler, a deliberately
@@ -137,6 +140,8 @@ class Mechanism:
         """Fields as plain JSON values (lists for batched leaves)."""
         out = {}
         for f in dataclasses.fields(self):
+            if f.name in self.derived_fields:
+                continue
             v = getattr(self, f.name)
             if isinstance(v, (str, bool)) or v is None:
                 out[f.name] = v
@@ -149,6 +154,8 @@ class Mechanism:
     def from_json(cls, fields: dict):
         kwargs = {}
         for f in dataclasses.fields(cls):
+            if f.name in cls.derived_fields:
+                continue
             if f.name not in fields:
                 raise KeyError(f.name)
             v = fields[f.name]

@@ -76,7 +76,9 @@ outputs are non-decreasing (checked after every fit), and the optimum over
 contiguous partitions is also the optimum over arbitrary ones.
 
 Sampling uses one uniform per label; it is not hardened against
-floating-point attacks on the uniform's resolution.
+floating-point attacks on the uniform's resolution. For float64 labels the
+group search starts from a guide table built once with the parameters
+(:mod:`rpwjax.mechanisms.guide`), with the same result bit for bit.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from rpwjax.mechanisms import guide
 from rpwjax.mechanisms.base import Mechanism, params_dataclass
 from rpwjax.errors import InputError, check_epsilon
 from rpwjax.priors import Prior
@@ -99,7 +102,7 @@ _RELATIVE_TOLERANCE = 1e-14
 _MONOTONE_SLACK = 1e-9
 
 
-@params_dataclass(static=("lo", "hi"))
+@params_dataclass(static=("lo", "hi", "guide_steps"))
 class RROnBins(Mechanism):
     """Fitted RR-on-Bins over the public ``[lo, hi]``.
 
@@ -108,6 +111,10 @@ class RROnBins(Mechanism):
     boundaries padded to K - 1 with ``hi``, and ``num_bins`` is m (a float
     leaf, so that a vmapped fit over ε has static shapes and the JSON round
     trip keeps it numeric).
+
+    ``group_low``/``group_high`` and the static ``guide_steps`` (the guide table
+    of the group search) are derived from ``thresholds`` when the parameters are
+    built from concrete values; they are neither saved nor read.
     """
 
     epsilon: jax.Array
@@ -116,9 +123,29 @@ class RROnBins(Mechanism):
     num_bins: jax.Array
     lo: float
     hi: float
+    group_low: jax.Array | None = None
+    group_high: jax.Array | None = None
+    guide_steps: int = 0
 
     name = "rr-on-bins"
     discrete = True
+    derived_fields = ("group_low", "group_high", "guide_steps")
+
+    def __post_init__(self):
+        object.__setattr__(self, "lo", float(self.lo))
+        object.__setattr__(self, "hi", float(self.hi))
+        if self.group_low is None and not isinstance(self.thresholds, jax.core.Tracer):
+            low, high, steps = guide.count_brackets(self.thresholds, self.lo, self.hi, "left")
+            object.__setattr__(self, "group_low", low)
+            object.__setattr__(self, "group_high", high)
+            object.__setattr__(self, "guide_steps", steps)
+
+    def __getitem__(self, index):
+        """One ε (or a sub-grid) of a batched fit; the guide's step count is that of the selection."""
+        out = super().__getitem__(index)
+        if out.group_low is not None and not isinstance(out.group_low, jax.core.Tracer):
+            object.__setattr__(out, "guide_steps", guide.steps(out.group_low, out.group_high))
+        return out
 
     def _count(self):
         return jnp.asarray(self.num_bins).astype(jnp.int32)
@@ -127,9 +154,12 @@ class RROnBins(Mechanism):
         """Group index of each label (after clipping to [lo, hi])."""
         y = jnp.clip(jnp.asarray(y), self.lo, self.hi)
         thresholds = jnp.asarray(self.thresholds, y.dtype)
-        # thresholds strictly below y; the padding (hi) is never strictly below. The unrolled search fuses into
-        # the release's one pass over the labels (the default loop makes a pass per step): the same indices
-        g = jnp.searchsorted(thresholds, y, side="left", method="scan_unrolled")
+        # thresholds strictly below y; the padding (hi) is never strictly below
+        if self.group_low is not None and y.dtype == jnp.float64:
+            g = guide.guided_count(thresholds, self.group_low, self.group_high, self.guide_steps, self.lo, self.hi,
+                                   y, "left")
+        else:  # the unrolled search fuses into one pass over the labels (the default loop makes a pass per step)
+            g = jnp.searchsorted(thresholds, y, side="left", method="scan_unrolled")
         return jnp.minimum(g, self._count() - 1)
 
     def sample_from_uniform(self, u, y):

@@ -55,7 +55,10 @@ Sampling uses one uniform per label: the inverse CDF of the label's mixed pmf,
 found by a binary search over :math:`w C_j + (1 - w) C_{j+1}` (C the rows'
 cumulative probabilities; non-decreasing in the output index in floating
 point too, so the sampler is monotone in the uniform), with no (labels ×
-outputs) array. It is as precise as the labels' dtype (float32 cumulative sums carry
+outputs) array. For float64 labels both searches (the label's support
+interval, then the output) start from guide tables built once with the
+parameters (:mod:`rpwjax.mechanisms.guide`): a few steps instead of
+⌈log₂ k⌉ + ⌈log₂ M⌉, with the same result bit for bit. It is as precise as the labels' dtype (float32 cumulative sums carry
 ≈6e-8 absolute error, which changes tiny probabilities relatively more), and
 it is not hardened against floating-point attacks on the uniform.
 """
@@ -68,6 +71,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from rpwjax.mechanisms import guide
 from rpwjax.mechanisms.base import Mechanism, params_dataclass
 from rpwjax.mechanisms.unbiased_lp import DEFAULT_GRID_SIZE, MAX_LP_EPSILON, solve
 from rpwjax.errors import InputError, check_epsilon, check_integer, check_positive
@@ -76,7 +80,7 @@ from rpwjax.priors import Prior, cut_pieces
 DEFAULT_MAX_SUPPORT = 401  # about 7 s per ε on two busy cores; 512 points take 9-12 s
 
 
-@params_dataclass(static=("lo", "hi"))
+@params_dataclass(static=("lo", "hi", "guide_steps"))
 class Unbiased(Mechanism):
     r"""Fitted optimal unbiased randomizer over the public ``[lo, hi]``.
 
@@ -84,6 +88,11 @@ class Unbiased(Mechanism):
     values in increasing order, ``probabilities`` (k × M) the row-stochastic
     :math:`Q`. Unused output slots (so that fits over an ε grid stack) come
     first, repeat the first real output and have probability zero in every row.
+
+    The guide tables (``support_low``/``support_high``, ``cdf_low``/``cdf_high``
+    and the static ``guide_steps``) are derived from those fields when the
+    parameters are built from concrete values; they only speed up the sampler
+    and are neither saved nor read.
     """
 
     epsilon: jax.Array
@@ -92,14 +101,39 @@ class Unbiased(Mechanism):
     probabilities: jax.Array
     lo: float
     hi: float
+    support_low: jax.Array | None = None
+    support_high: jax.Array | None = None
+    cdf_low: jax.Array | None = None
+    cdf_high: jax.Array | None = None
+    guide_steps: tuple = ()
 
     name = "unbiased"
     discrete = True
+    derived_fields = ("support_low", "support_high", "cdf_low", "cdf_high", "guide_steps")
 
     def __post_init__(self):
         # static fields must stay hashable Python floats (JSON may hand back arrays)
         object.__setattr__(self, "lo", float(self.lo))
         object.__setattr__(self, "hi", float(self.hi))
+        if self.cdf_low is None and np.shape(self.support)[-1] >= 2 and not any(
+                isinstance(v, jax.core.Tracer) for v in (self.support, self.probabilities)):
+            support_low, support_high, support_steps = guide.count_brackets(self.support, self.lo, self.hi, "right")
+            cdf_low, cdf_high, cdf_steps = guide.cdf_brackets(self.probabilities)
+            for name, value in (("support_low", support_low), ("support_high", support_high),
+                                ("cdf_low", cdf_low), ("cdf_high", cdf_high),
+                                ("guide_steps", (support_steps, cdf_steps))):
+                object.__setattr__(self, name, value)
+
+    def __getitem__(self, index):
+        """One ε (or a sub-grid) of a batched fit; the guide's step counts are those of the selection."""
+        out = super().__getitem__(index)
+        if out.cdf_low is not None and not isinstance(out.cdf_low, jax.core.Tracer):
+            object.__setattr__(out, "guide_steps", (guide.steps(out.support_low, out.support_high),
+                                                    guide.steps(out.cdf_low, out.cdf_high)))
+        return out
+
+    def _guided(self, dtype) -> bool:
+        return self.cdf_low is not None and jnp.dtype(dtype) == jnp.float64
 
     pmf_linear_in_label = True  # the pmf is linear in y between consecutive breakpoints (posterior denoising)
 
@@ -116,7 +150,12 @@ class Unbiased(Mechanism):
         if k == 1:
             zero = jnp.zeros(y.shape, jnp.int32)
             return zero, zero, jnp.ones(y.shape, y.dtype)
-        lower = jnp.clip(jnp.searchsorted(support, y, side="right") - 1, 0, k - 2)
+        if self._guided(y.dtype):
+            count = guide.guided_count(support, self.support_low, self.support_high, self.guide_steps[0],
+                                       self.lo, self.hi, y, "right")
+        else:
+            count = jnp.searchsorted(support, y, side="right")
+        lower = jnp.clip(count - 1, 0, k - 2)
         left, right = support[lower], support[lower + 1]
         w = jnp.clip((right - y) / (right - left), 0.0, 1.0)
         return lower, lower + 1, w
@@ -127,6 +166,9 @@ class Unbiased(Mechanism):
         probabilities = jnp.asarray(self.probabilities, y.dtype)
         size = probabilities.shape[-1]
         cdf = jnp.cumsum(probabilities, axis=-1)
+        if self._guided(y.dtype):
+            slot = guide.guided_inverse_cdf(cdf, self.cdf_low, self.cdf_high, self.guide_steps[1], lower, upper, w, u)
+            return jnp.asarray(self.outputs, y.dtype)[slot]
         low = jnp.zeros(lower.shape, jnp.int32)
         high = jnp.full(lower.shape, size - 1, jnp.int32)
         for _ in range(max(1, math.ceil(math.log2(size)) + 1)):
