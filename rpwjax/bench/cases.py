@@ -27,7 +27,7 @@ from rpwjax.privatize import release_file
 from rpwjax import release_path
 from rpwjax.keys import bound
 from rpwjax.release_path import release
-from rpwjax.sampling import params_digest, spec
+from rpwjax.sampling import block_uniforms, params_digest, spec
 from rpwjax.stream import BLOCK_ROWS, block_counters
 
 # --------------------------------------------------------------------------- cases
@@ -183,6 +183,27 @@ def uniform_thunk(n: int):
     with jax.enable_x64(True):
         key = jax.random.key(1)
         fn = jax.jit(lambda k: jax.random.uniform(k, (int(n),), jnp.float64))
+    return call
+
+
+def stream_uniform_thunk(n: int):
+    """The release path's own uniforms: ChaCha12 block uniforms of ``ceil(n / BLOCK_ROWS)`` blocks, computed the
+    way a release computes them (one block at a time on a single CPU device), result on the device. The part
+    of every release ratio that is the generator, before any mechanism's work."""
+    num_blocks = -(-int(n) // BLOCK_ROWS)
+    key = bound(Secret.from_seed(1)).stream_key("labels/uniforms")
+    counters = block_counters(0, num_blocks)
+    sequential = release_path._sequential(jax.local_devices(), num_blocks)
+
+    def one(counter):
+        return block_uniforms(key, counter)
+
+    with jax.enable_x64(True):
+        fn = jax.jit(lambda c: jax.lax.map(one, c, batch_size=1) if sequential else jax.vmap(one)(c))
+
+    def call():
+        with jax.enable_x64(True):
+            return fn(counters).block_until_ready()
     return call
 
 
@@ -488,7 +509,10 @@ def build_groups(plan: Plan, cache_dir, families=None) -> list[Group]:
             groups.append(Group(family, size, members))
 
     for n in plan.sampling_n:
-        members = [Member("sampling", "uniform-floor", n, "labels", functools.partial(uniform_thunk, n))]
+        members = [Member("sampling", "uniform-floor", n, "labels", functools.partial(uniform_thunk, n)),
+                   Member("sampling", "chacha12-uniforms", n, "labels", functools.partial(stream_uniform_thunk, n),
+                          baseline="uniform-floor",
+                          meta={"dtype": "float64", "what": "the release path's ChaCha12 uniforms alone, on the device"})]
         for name in mechanism_names():
             if plan.release_max_n is None or n <= plan.release_max_n:
                 members.append(

@@ -27,6 +27,17 @@ from rpwjax.io.atomic import check_outputs
 # --------------------------------------------------------------------------- targets
 
 
+def _metric(metric: str, median_s, ratio, meta: dict):
+    """A target's value from one case: its median, its ratio to the baseline, 1/ratio, or a number in its meta."""
+    if metric == "median_s":
+        return median_s
+    if metric == "ratio":
+        return ratio
+    if metric == "speedup":
+        return 1.0 / ratio if ratio else None
+    return meta.get(metric)
+
+
 def evaluate_targets(cases: list[dict]) -> dict:
     """Each target from the cases of this run; ``proxy`` when measured at another size than specified."""
     out = {}
@@ -44,8 +55,7 @@ def evaluate_targets(cases: list[dict]) -> dict:
             continue
         exact = [c for c in found if c["size"] == t["size"]]
         case = exact[0] if exact else min(found, key=lambda c: (abs(math.log(c["size"] / t["size"])), -c["size"]))
-        value = {"ratio": case["ratio"], "median_s": case["median_s"],
-                 "speedup": 1.0 / case["ratio"] if case["ratio"] else None}[t["metric"]]
+        value = _metric(t["metric"], case["median_s"], case["ratio"], case["meta"])
         proxy = case["size"] != t["size"]
         if "prior_labels" in t and case["meta"].get("prior_labels") != t["prior_labels"]:
             proxy = True
@@ -66,7 +76,7 @@ def missed_targets(family: str, name: str, size: int, meta: dict, median_s: floa
             continue
         if "prior_labels" in t and meta.get("prior_labels") != t["prior_labels"]:
             continue
-        value = {"median_s": median_s, "ratio": ratio, "speedup": 1.0 / ratio if ratio else None}[t["metric"]]
+        value = _metric(t["metric"], median_s, ratio, meta)
         if value is None:
             missed.append(f"{t['name']}: no {t['metric']} measured")
         elif not (value <= t["threshold"] if t["op"] == "<=" else value >= t["threshold"]):
