@@ -58,6 +58,12 @@ class Mechanism:
     # fields computed from the others when the parameters are built (lookup tables of a fast sampler): never
     # saved or read, and not candidate outputs
     derived_fields: ClassVar[tuple] = ()
+    # the fields :meth:`_derive` reads: the derived fields are built only when these are concrete values, not
+    # tracers (parameters rebuilt inside a traced function keep the derived fields they were given)
+    derived_from: ClassVar[tuple] = ()
+    # static fields coerced to Python floats when the parameters are built: static metadata must stay hashable,
+    # and a JSON round trip or a caller may hand back arrays
+    float_fields: ClassVar[tuple] = ()
 
     def __init_subclass__(cls, **kwargs):
         # A subclass that only overrides methods (a variant sampler, a deliberately
@@ -72,6 +78,28 @@ class Mechanism:
                 cls, data_fields=[n for n in names if n not in parent_static],
                 meta_fields=[n for n in names if n in parent_static],
             )
+
+    def __post_init__(self):
+        """Coerce :attr:`float_fields`; build the derived fields when one is missing and their inputs are concrete.
+
+        Pytree unflattening sets the fields directly and never gets here, so traced or vmapped parameters keep
+        the derived fields they were flattened with."""
+        for name in self.float_fields:
+            object.__setattr__(self, name, float(getattr(self, name)))
+        if any(getattr(self, n) is None for n in self.derived_fields) and not any(
+                isinstance(getattr(self, n), jax.core.Tracer) for n in self.derived_from):
+            for name, value in self._derive().items():
+                object.__setattr__(self, name, value)
+
+    def _derive(self) -> dict:
+        """Values of the derived fields, by name, computed from the fields in :attr:`derived_from` (concrete);
+        empty when they cannot be built (the sampler then runs without them)."""
+        return {}
+
+    def _derived_static(self) -> dict:
+        """Values of the static derived fields, by name, recomputed from the derived arrays (concrete) of a
+        selection made by :meth:`__getitem__`: a table's step count is that of the ε it now holds."""
+        return {}
 
     # -- to be provided by subclasses -------------------------------------------
     def sample_from_uniform(self, u, y):  # pragma: no cover - interface
@@ -133,8 +161,14 @@ class Mechanism:
         return tuple(np.shape(self.epsilon))
 
     def __getitem__(self, index):
-        """Select one ε (or a sub-grid) of a batched fit."""
-        return jax.tree_util.tree_map(lambda leaf: leaf[index], self)
+        """Select one ε (or a sub-grid) of a batched fit; static derived fields are those of the selection."""
+        out = jax.tree_util.tree_map(lambda leaf: leaf[index], self)
+        static = getattr(self, "_static_fields", ())
+        tables = [getattr(out, n) for n in self.derived_fields if n not in static]
+        if tables and not any(t is None or isinstance(t, jax.core.Tracer) for t in tables):
+            for name, value in out._derived_static().items():
+                object.__setattr__(out, name, value)
+        return out
 
     def to_json(self) -> dict:
         """Fields as plain JSON values (lists for batched leaves)."""

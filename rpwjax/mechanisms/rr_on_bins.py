@@ -131,21 +131,15 @@ class RROnBins(Mechanism):
     discrete = True
     derived_fields = ("group_low", "group_high", "guide_steps")
 
-    def __post_init__(self):
-        object.__setattr__(self, "lo", float(self.lo))
-        object.__setattr__(self, "hi", float(self.hi))
-        if self.group_low is None and not isinstance(self.thresholds, jax.core.Tracer):
-            low, high, steps = guide.count_brackets(self.thresholds, self.lo, self.hi, "left")
-            object.__setattr__(self, "group_low", low)
-            object.__setattr__(self, "group_high", high)
-            object.__setattr__(self, "guide_steps", steps)
+    derived_from = ("thresholds",)
+    float_fields = ("lo", "hi")
 
-    def __getitem__(self, index):
-        """One ε (or a sub-grid) of a batched fit; the guide's step count is that of the selection."""
-        out = super().__getitem__(index)
-        if out.group_low is not None and not isinstance(out.group_low, jax.core.Tracer):
-            object.__setattr__(out, "guide_steps", guide.steps(out.group_low, out.group_high))
-        return out
+    def _derive(self):
+        low, high, steps = guide.count_brackets(self.thresholds, self.lo, self.hi, "left")
+        return {"group_low": low, "group_high": high, "guide_steps": steps}
+
+    def _derived_static(self):
+        return {"guide_steps": guide.steps(self.group_low, self.group_high)}
 
     def _count(self):
         return jnp.asarray(self.num_bins).astype(jnp.int32)

@@ -111,26 +111,20 @@ class Unbiased(Mechanism):
     discrete = True
     derived_fields = ("support_low", "support_high", "cdf_low", "cdf_high", "guide_steps")
 
-    def __post_init__(self):
-        # static fields must stay hashable Python floats (JSON may hand back arrays)
-        object.__setattr__(self, "lo", float(self.lo))
-        object.__setattr__(self, "hi", float(self.hi))
-        if self.cdf_low is None and np.shape(self.support)[-1] >= 2 and not any(
-                isinstance(v, jax.core.Tracer) for v in (self.support, self.probabilities)):
-            support_low, support_high, support_steps = guide.count_brackets(self.support, self.lo, self.hi, "right")
-            cdf_low, cdf_high, cdf_steps = guide.cdf_brackets(self.probabilities)
-            for name, value in (("support_low", support_low), ("support_high", support_high),
-                                ("cdf_low", cdf_low), ("cdf_high", cdf_high),
-                                ("guide_steps", (support_steps, cdf_steps))):
-                object.__setattr__(self, name, value)
+    derived_from = ("support", "probabilities")
+    float_fields = ("lo", "hi")
 
-    def __getitem__(self, index):
-        """One ε (or a sub-grid) of a batched fit; the guide's step counts are those of the selection."""
-        out = super().__getitem__(index)
-        if out.cdf_low is not None and not isinstance(out.cdf_low, jax.core.Tracer):
-            object.__setattr__(out, "guide_steps", (guide.steps(out.support_low, out.support_high),
-                                                    guide.steps(out.cdf_low, out.cdf_high)))
-        return out
+    def _derive(self):
+        if np.shape(self.support)[-1] < 2:  # one support point: no interval to search for
+            return {}
+        support_low, support_high, support_steps = guide.count_brackets(self.support, self.lo, self.hi, "right")
+        cdf_low, cdf_high, cdf_steps = guide.cdf_brackets(self.probabilities)
+        return {"support_low": support_low, "support_high": support_high, "cdf_low": cdf_low,
+                "cdf_high": cdf_high, "guide_steps": (support_steps, cdf_steps)}
+
+    def _derived_static(self):
+        return {"guide_steps": (guide.steps(self.support_low, self.support_high),
+                                guide.steps(self.cdf_low, self.cdf_high))}
 
     def _guided(self, dtype) -> bool:
         return self.cdf_low is not None and jnp.dtype(dtype) == jnp.float64
