@@ -106,10 +106,15 @@ def _release_blocks(params, low, high, key, counters, y_blocks, label_range, gri
             counter, y = xs
             return released_values(params, grid, low, high, block_uniforms(key, counter), y)
         xs = (counters, y_blocks)
+    return map_blocks(one, xs, sequential), inside
+
+
+def map_blocks(one, xs, sequential: bool):
+    """``one`` over the leading (block) axis of ``xs``: one block at a time when ``sequential`` (see
+    :func:`_sequential`), else side by side; the same values either way."""
     # batch_size=1: each step runs the vectorized block computation on one block (the unbatched body, a
     # block's rows one scalar at a time, did not finish in minutes on two blocks)
-    out = lax.map(one, xs, batch_size=1) if sequential else jax.vmap(one)(xs)
-    return out, inside
+    return lax.map(one, xs, batch_size=1) if sequential else jax.vmap(one)(xs)
 
 
 def _aligned_empty(size: int) -> np.ndarray:

@@ -199,7 +199,7 @@ def stream_uniform_thunk(n: int):
         return block_uniforms(key, counter)
 
     with jax.enable_x64(True):
-        fn = jax.jit(lambda c: jax.lax.map(one, c, batch_size=1) if sequential else jax.vmap(one)(c))
+        fn = jax.jit(lambda c: release_path.map_blocks(one, c, sequential))
 
     def call():
         with jax.enable_x64(True):
