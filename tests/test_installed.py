@@ -21,15 +21,16 @@ from rpwjax.mechanisms import MECHANISMS
 from rpwjax.pipelines import PIPELINES
 import rpwjax.audit.checks, rpwjax.bench.report, rpwjax.experiments.reproduce, rpwjax.cli
 sizes = {name: load_dataset(name).n for name in ("california", "crime", "randhie")}
-print(json.dumps({"file": rpwjax.__file__, "sizes": sizes, "mechanisms": sorted(MECHANISMS), "pipelines": sorted(PIPELINES)}))
+print(json.dumps({"file": rpwjax.__file__, "sizes": sizes, "mechanisms": sorted(MECHANISMS), "pipelines": sorted(PIPELINES)}), flush=True)
 """
 
 
 def test_installed_package_has_its_data_and_subpackages(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-I", "-c", SCRIPT], cwd=tmp_path, env=env, capture_output=True, text=True)
+    # -X faulthandler: a native abort (SIGABRT) prints every thread's Python stack into stderr
+    proc = subprocess.run([sys.executable, "-I", "-X", "faulthandler", "-c", SCRIPT], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, ("the installed rpwjax does not work from outside the source tree (install it: "
-                                  f"pip install '.[test]'):\n{proc.stderr[-2000:]}")
+                                  f"pip install '.[test]'):\nstdout: {proc.stdout[-300:]!r}\n{proc.stderr[-2000:]}")
     import json
 
     info = json.loads(proc.stdout.strip().splitlines()[-1])
