@@ -9,7 +9,7 @@ loop, cases and ``results.json`` schema as ``rpwjax bench``:
   on 401 support points;
 * then, against ``jax.random.uniform`` of as many float64 values on the
   device: each mechanism's release computation on labels already on the
-  device (``kernel/*``: block keys, inverse CDF, grid, clamp) at n = 1e7 and
+  device (``kernel/*``: the ChaCha20 stream, inverse CDF, grid, clamp) at n = 1e7 and
   1e9, and the whole release with its host round trip (``release/*``:
   float64 labels from host memory, host array out) at n = 1e7.
 

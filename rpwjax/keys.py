@@ -12,7 +12,7 @@ derived from it with SHA-256, separately for each *release*, each *purpose*
   the release's mechanism, parameters, ε, label column and stage), and a
   secret not yet bound to a release is bound to a fresh one before anything
   is drawn from it (:func:`bound`);
-* every uniform comes from a 256-bit ChaCha12 key (:meth:`Secret.stream_key`,
+* every uniform comes from a 256-bit ChaCha20 key (:meth:`Secret.stream_key`,
   :mod:`rpwjax.stream`), every integer-noise bit from SHA-256 over 256 bits;
 * the same secret, the same release id and the same row offsets give
   bit-identical outputs, which is what lets shards of one release privatized
@@ -163,7 +163,7 @@ class Secret:
         return Secret(self._digest(tag, ()), reproducible=self.reproducible, release_id=rid)
 
     def stream_key(self, purpose: str, *index: int) -> np.ndarray:
-        """The 256-bit ChaCha12 key (8 uint32 words, little-endian) of ``purpose`` and ``index``."""
+        """The 256-bit ChaCha20 key (8 uint32 words, little-endian) of ``purpose`` and ``index``."""
         return np.frombuffer(self._digest("stream/" + purpose, tuple(index)), dtype="<u4").astype(np.uint32)
 
     def for_epsilon(self, epsilon: float, purpose: str = "epsilon") -> "Secret":
@@ -284,7 +284,7 @@ def secret_record(secret: Secret) -> dict:
     if secret.reproducible:
         return {"reproducible_seed": True, "randomness": "integer seed: reproducible, not for production"}
     return {"reproducible_seed": False,
-            "randomness": "256-bit secret (OS entropy or key file); SHA-256 keys per release, ChaCha12 uniforms"}
+            "randomness": "256-bit secret (OS entropy or key file); SHA-256 keys per release, ChaCha20 uniforms"}
 
 
 def key_fingerprint(secret: Secret) -> str:

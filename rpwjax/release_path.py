@@ -4,8 +4,9 @@ A *release* is the float64 numbers a user publishes, not the mechanism on
 paper. :func:`release` turns labels into released values in four fixed steps:
 
 1. **One uniform per label, from 52 random bits**: ``u = (k + 1/2)·2^-52`` with
-   ``k`` the top 52 bits of a 64-bit ChaCha12 word (:func:`rpwjax.sampling.uniform_from_index`,
-   :mod:`rpwjax.stream`), so ``u`` takes exactly ``N = 2^52`` equally likely
+   ``k`` the top 52 bits of a 64-bit ChaCha20 word (:func:`rpwjax.sampling.uniforms_of_words`,
+   :mod:`rpwjax.stream`; on CPU the words come from OpenSSL on the host, on accelerators
+   the device computes them, the same bits either way), so ``u`` takes exactly ``N = 2^52`` equally likely
    values in (0, 1), none of them 0 or 1. The word of global row ``i`` depends
    only on ``i`` and a 256-bit key, derived from the secret
    (:class:`rpwjax.keys.Secret`) by SHA-256 of the release it belongs to
@@ -41,6 +42,8 @@ benchmarks.
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import jax
@@ -53,8 +56,8 @@ from rpwjax.accounting import Accounting, account
 from rpwjax.errors import InputError, as_labels, check_labels
 from rpwjax.keys import Secret, bound
 from rpwjax.mechanisms.base import Mechanism
-from rpwjax.sampling import block_uniforms, params_digest, released_values, spec
-from rpwjax.stream import BLOCK_ROWS, block_counters
+from rpwjax.sampling import block_uniforms, params_digest, released_values, spec, uniforms_of_words
+from rpwjax.stream import BLOCK_ROWS, block_counters, host_words
 
 _specs: dict = {}  # (release_spec's code, params_digest) -> spec: a spec is a pure function of both
 
@@ -73,39 +76,101 @@ def sidecar_fields(params: Mechanism) -> dict:
     return {"output_grid": s["grid"], "output_range": [float(np.min(s["low"])), float(np.max(s["high"]))]}
 
 
-SEQUENTIAL_BLOCKS = 16  # from this many blocks on, a single CPU device takes them one at a time
+SEQUENTIAL_BLOCKS = 16  # from this many blocks on, a single CPU device may take them one at a time
 
 
-def _sequential(devices, num_blocks: int = SEQUENTIAL_BLOCKS) -> bool:
+def _sequential(devices, num_blocks: int, params: Mechanism) -> bool:
     """Whether blocks go through one device one after another (``lax.map``) rather than side by side (``vmap``).
 
-    On a single CPU device a block at a time keeps its working set (a block of labels, uniforms and
-    intermediates) in cache, and a mechanism with a search per row (Unbiased) does not materialize it for every
-    row of every block at once; accelerators and several devices take the blocks side by side. A few blocks
-    gain nothing from it and the loop takes longer to compile, so small releases stay side by side. The values
-    are the same either way: each block's computation depends only on its own counter and labels.
+    Only for a mechanism that asks for it (:attr:`~rpwjax.mechanisms.base.Mechanism.release_by_block`: an
+    inverse CDF that searches per-row tables, whose intermediates would otherwise be materialized for every
+    row of every block at once) on a single CPU device; elementwise inverse CDFs compile to one loop over all
+    blocks that XLA spreads over the cores, about twice as fast on 2 cores. A few blocks gain nothing from it
+    and the loop takes longer to compile, so small releases stay side by side. The values are the same either
+    way: each block's computation depends only on its own stream words and labels.
     """
-    return len(devices) == 1 and devices[0].platform == "cpu" and num_blocks >= SEQUENTIAL_BLOCKS
+    return (params.release_by_block and len(devices) == 1 and devices[0].platform == "cpu"
+            and num_blocks >= SEQUENTIAL_BLOCKS)
+
+
+def host_stream(devices) -> bool:
+    """Whether a release reads its stream words from the host (OpenSSL, :func:`rpwjax.stream.host_words`) rather
+    than computing them on the devices: when every device is a CPU (the same bits either way)."""
+    return all(d.platform == "cpu" for d in devices)
+
+
+_STREAM_THREADS = os.cpu_count() or 1
+_pool: ThreadPoolExecutor | None = None
+
+
+def _forget_pool():
+    global _pool
+    _pool = None
+
+
+# a forked child has none of the parent's threads: it starts its own pool (else its work would wait forever)
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _stream_pool() -> ThreadPoolExecutor:
+    """The threads that write host stream words (OpenSSL releases the GIL, so parts of a stream run in parallel)."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=_STREAM_THREADS, thread_name_prefix="rpwjax-stream")
+    return _pool
+
+
+def _start_stream(key, first_block: int, num_blocks: int, devices):
+    """Start making :func:`stream_inputs`; returns the function that waits for them. Host words are written by
+    the stream threads, one part per thread, while the caller goes on (it lays out the labels meanwhile)."""
+    counters = block_counters(first_block, num_blocks)
+    if not host_stream(devices):
+        return lambda: (counters, None)
+    words = _aligned_empty(num_blocks * BLOCK_ROWS, np.uint64)
+    pool = _stream_pool()
+    edges = np.linspace(0, num_blocks, min(_STREAM_THREADS, num_blocks) + 1).round().astype(int)
+    futures = [pool.submit(host_words, key, (first_block + a) * BLOCK_ROWS, (b - a) * BLOCK_ROWS,
+                           words[a * BLOCK_ROWS : b * BLOCK_ROWS])
+               for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+    def wait():
+        for future in futures:
+            future.result()
+        return counters, words.reshape(num_blocks, BLOCK_ROWS)
+    return wait
+
+
+def stream_inputs(key, first_block: int, num_blocks: int, devices):
+    """(counters, words) of release blocks ``first_block ..``: the ChaCha counters of each block, and the blocks'
+    stream words as a (num_blocks, BLOCK_ROWS) uint64 array when they come from the host (:func:`host_stream`),
+    else None (the device computes them from the counters)."""
+    return _start_stream(key, first_block, num_blocks, devices)()
 
 
 @partial(jax.jit, static_argnames=("grid", "per_row", "sequential"))
-def _release_blocks(params, low, high, key, counters, y_blocks, label_range, grid, per_row, sequential=False):
+def _release_blocks(params, low, high, key, counters, words, y_blocks, label_range, grid, per_row,
+                    sequential=False):
     """(released blocks, whether every label is inside ``label_range`` = [lo, hi]: finite and in range).
 
-    The range check rides in the same pass as the release so that a good file is read once; a caller
-    discards the output when the flag is false.
+    ``words``: the blocks' stream words from the host, or None to compute them from ``key`` and ``counters``
+    (:func:`stream_inputs`). The range check rides in the same pass as the release so that a good file is read
+    once; a caller discards the output when the flag is false.
     """
     inside = jnp.all((y_blocks >= label_range[0]) & (y_blocks <= label_range[1]))  # NaN compares false
+
+    def uniforms(counter, w):
+        return block_uniforms(key, counter) if w is None else uniforms_of_words(w)
+
     if per_row:  # per-row parameters and ranges are blocked like the labels
         def one(xs):
-            p, lo_, hi_, counter, y = xs
-            return released_values(p, grid, lo_, hi_, block_uniforms(key, counter), y)
-        xs = (params, low, high, counters, y_blocks)
+            p, lo_, hi_, counter, w, y = xs
+            return released_values(p, grid, lo_, hi_, uniforms(counter, w), y)
+        xs = (params, low, high, counters, words, y_blocks)
     else:
         def one(xs):
-            counter, y = xs
-            return released_values(params, grid, low, high, block_uniforms(key, counter), y)
-        xs = (counters, y_blocks)
+            counter, w, y = xs
+            return released_values(params, grid, low, high, uniforms(counter, w), y)
+        xs = (counters, words, y_blocks)
     return map_blocks(one, xs, sequential), inside
 
 
@@ -117,12 +182,12 @@ def map_blocks(one, xs, sequential: bool):
     return lax.map(one, xs, batch_size=1) if sequential else jax.vmap(one)(xs)
 
 
-def _aligned_empty(size: int) -> np.ndarray:
-    """An uninitialized float64 array whose data starts on a 64-byte boundary: the CPU device can then use it
-    in place (``device_put`` without a copy)."""
+def _aligned_empty(size: int, dtype=np.float64) -> np.ndarray:
+    """An uninitialized array of 8-byte items (float64 or uint64) whose data starts on a 64-byte boundary: the
+    CPU device can then use it in place (``device_put`` without a copy)."""
     raw = np.empty(size * 8 + 64, np.uint8)
     start = -raw.ctypes.data % 64
-    return raw[start : start + size * 8].view(np.float64)
+    return raw[start : start + size * 8].view(dtype)
 
 
 def _blocks(values, offset, num_blocks, fill):
@@ -195,7 +260,7 @@ def _release_labels(params, parameters, s, secret, y, start, purpose, per_row, l
     num_blocks = -(-(offset + y.size) // BLOCK_ROWS)
     num_blocks = -(-num_blocks // len(devices)) * len(devices)  # whole blocks on every device
     key = secret.stream_key(purpose + "/" + params.name + "/" + parameters)
-    counters = block_counters(start // BLOCK_ROWS, num_blocks)
+    stream = _start_stream(key, start // BLOCK_ROWS, num_blocks, devices)
     with jax.enable_x64(True):
         blocks = _blocks(y, offset, num_blocks, float(np.min(params.lo)))
         low, high = s["low"], s["high"]
@@ -205,14 +270,18 @@ def _release_labels(params, parameters, s, secret, y, start, purpose, per_row, l
                                      float(np.ravel(leaf)[0])), params)
             low = _blocks(np.broadcast_to(low, y.shape), offset, num_blocks, float(np.min(low)))
             high = _blocks(np.broadcast_to(high, y.shape), offset, num_blocks, float(np.max(high)))
+        counters, words = stream()
         if len(devices) > 1:
             # blocks are independent (each has its own key), so sharding them over devices
             # changes where a block is computed, never what it computes
             mesh = jax.sharding.Mesh(np.array(devices), ("blocks",))
-            blocks = jax.device_put(blocks, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("blocks")))
-        out, inside = _release_blocks(params, low, high, key, counters, blocks, np.asarray(label_range, np.float64),
-                                      grid=s["grid"], per_row=per_row,
-                                      sequential=_sequential(devices, num_blocks))
+            sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("blocks"))
+            blocks = jax.device_put(blocks, sharding)
+            if words is not None:
+                words = jax.device_put(words, sharding)
+        out, inside = _release_blocks(params, low, high, key, counters, words, blocks,
+                                      np.asarray(label_range, np.float64), grid=s["grid"], per_row=per_row,
+                                      sequential=_sequential(devices, num_blocks, params))
         out = np.asarray(out, np.float64).reshape(-1)
     return out[offset : offset + y.size], bool(inside)
 

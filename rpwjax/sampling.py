@@ -3,7 +3,7 @@ certification share.
 
 :func:`uniform_from_index` is step 1 (one of the ``2^52`` uniforms), :func:`released_values` steps 2-4 (the
 mechanism's inverse CDF, the snap to the public grid, the clamp to the public range) and :func:`spec` the public
-grid and range of a parameter set. :func:`rpwjax.release_path.release` runs them on ChaCha12 uniforms;
+grid and range of a parameter set. :func:`rpwjax.release_path.release` runs them on ChaCha20 uniforms;
 :mod:`rpwjax.realized` runs them on every uniform index to compute realized probabilities exactly.
 """
 
@@ -28,10 +28,16 @@ def uniform_from_index(k):
     return (jnp.asarray(k).astype(jnp.float64) + 0.5) * (2.0 ** -UNIFORM_BITS)
 
 
+def uniforms_of_words(words):
+    """Step 1 of a release: the uniform of each row's 64-bit stream word, from its top 52 bits (needs
+    ``jax.enable_x64``)."""
+    return uniform_from_index(jnp.asarray(words, jnp.uint64) >> jnp.uint64(64 - UNIFORM_BITS))
+
+
 def block_uniforms(key, block_counter):
-    """The release path's uniforms of one block of :data:`rpwjax.stream.BLOCK_ROWS` rows: the top 52 bits of each
-    row's 64-bit ChaCha12 word (:func:`rpwjax.stream.block_bits`; needs ``jax.enable_x64``)."""
-    return uniform_from_index(block_bits(key, block_counter) >> jnp.uint64(64 - UNIFORM_BITS))
+    """The release path's uniforms of one block of :data:`rpwjax.stream.BLOCK_ROWS` rows, the stream computed on
+    the device (:func:`rpwjax.stream.block_bits`; needs ``jax.enable_x64``)."""
+    return uniforms_of_words(block_bits(key, block_counter))
 
 
 def params_digest(params: Mechanism) -> str:

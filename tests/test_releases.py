@@ -2,7 +2,8 @@
 
 * two releases made with one key file (two ε, two files, two fits, two pipelines) draw
   independent noise, unless one reproduces the other with its own release id;
-* every uniform comes from a 256-bit ChaCha12 key (RFC 8439's block function at 12 rounds);
+* every uniform comes from a 256-bit ChaCha20 key (RFC 8439's block function), the same bits whether the
+  host (OpenSSL) or the device computes them;
 * every fit, privatize and privatize-table lands in the ledger, which totals ε and δ per
   (input, label column), refuses a release past ``--budget`` before writing anything,
   and stays whole under concurrent runs.
@@ -78,7 +79,7 @@ def test_chacha_block_function_matches_published_vectors():
     assert out.hex() == ("10f1e7e4d13b5915500fdd1fa32071c4c7d1f4c733c068030422aa9ac3d46c4e"
                          "d2826446079faa0914c2d705d98b02a2b5129cd1de164eb9cbd083e8a2503c4e")
     # the first block of the all-zero 256-bit key and IV at 8, 12 and 20 rounds (draft-strombergson-chacha-test-
-    # vectors, TC1); 12 is what every release uses
+    # vectors, TC1); 20 is what every release uses
     published = {
         8: "3e00ef2f895f40d67f5bb8e81f09a5a12c840ec3ce9a7f3b181be188ef711a1e"
            "984ce172b9216f419f445367456d5619314a42a3da86b001387bfdb80e0cfe42",
@@ -90,7 +91,29 @@ def test_chacha_block_function_matches_published_vectors():
     for rounds, expected in published.items():
         words = stream.chacha_block(np.zeros(8, np.uint32), np.array([0], np.uint32), 0, rounds=rounds)
         assert b"".join(np.asarray(w, "<u4").tobytes() for w in words).hex() == expected, rounds
-    assert stream.ROUNDS == 12
+    assert stream.ROUNDS == 20
+
+
+def test_host_and_device_streams_are_the_same_bits():
+    """OpenSSL's ChaCha20 on the host (what a release on CPU reads) and the block function on the device give the
+    same 64-bit word for every row: at the first block, far out, and across the wrap of the low counter word
+    (2^32 ChaCha blocks, where the host starts a new cipher)."""
+    import jax
+
+    key = Secret(bytes(range(32))).for_release("5a" * 16, purpose="test").stream_key("labels")
+    words_per_block = stream.BLOCK_ROWS // 8
+    for block in (0, 3, (1 << 32) // words_per_block - 1, 123_456_789):
+        counters = stream.block_counters(block, 2)
+        with jax.enable_x64(True):
+            device = np.concatenate([np.asarray(stream.block_bits(key, c)) for c in counters])
+        host = stream.host_words(key, block * stream.BLOCK_ROWS, 2 * stream.BLOCK_ROWS)
+        np.testing.assert_array_equal(host, device, err_msg=f"release block {block}")
+    # row i is the little-endian word at byte 8i of the keystream: RFC 8439's block function at counter i div 8
+    words = stream.chacha_block(key, np.array([5], np.uint32), 0, rounds=20)
+    block5 = b"".join(np.asarray(w, "<u4").tobytes() for w in words)
+    np.testing.assert_array_equal(stream.host_words(key, 40, 8), np.frombuffer(block5, "<u8"))
+    with pytest.raises(ValueError, match="whole ChaCha blocks"):
+        stream.host_words(key, 4, 8)
 
 
 def test_same_key_two_epsilons_draw_independent_noise(files, tmp_path, capsys):
@@ -271,8 +294,9 @@ def test_ledger_appends_are_whole_under_concurrent_runs(tmp_path):
 
 @pytest.mark.parametrize("mechanism", slow_unless(list(rpwjax.MECHANISMS), fast=["laplace", "unbiased"]))
 def test_blocks_one_at_a_time_or_side_by_side_release_the_same_bits(mechanism):
-    """A single CPU device takes many blocks one at a time (lax.map), other devices side by side (vmap): the
-    released values are the same bit for bit, and so is the range flag the kernel returns."""
+    """A single CPU device may take many blocks one at a time (lax.map), other devices side by side (vmap), and
+    the stream words come from the host (CPU) or the device (accelerators): the released values are the same
+    bit for bit in all four ways, and so is the range flag the kernel returns."""
     import jax
 
     import rpwjax.release_path as rp
@@ -283,14 +307,16 @@ def test_blocks_one_at_a_time_or_side_by_side_release_the_same_bits(mechanism):
     s = spec(params)
     key = Secret(bytes(range(32))).for_release("5a" * 16, purpose="test").stream_key("labels")
     y = np.random.default_rng(3).uniform(float(params.lo), float(params.hi), 3 * stream.BLOCK_ROWS - 5)
+    counters, words = rp.stream_inputs(key, 7, 3, jax.local_devices())
+    assert words is not None and words.shape == (3, stream.BLOCK_ROWS)  # the tests run on CPU: host words
     with jax.enable_x64(True):
         blocks = rp._blocks(y, 5, 3, float(params.lo))
-        counters = stream.block_counters(7, 3)
         for bad in (None, float("nan")):
             if bad is not None:
                 blocks[1, 9] = bad
-            runs = [rp._release_blocks(params, s["low"], s["high"], key, counters, blocks,
+            runs = [rp._release_blocks(params, s["low"], s["high"], key, counters, source, blocks,
                                        np.array([float(params.lo), float(params.hi)]), grid=s["grid"], per_row=False,
-                                       sequential=sequential) for sequential in (False, True)]
-            np.testing.assert_array_equal(np.asarray(runs[0][0]), np.asarray(runs[1][0]))
-            assert bool(runs[0][1]) == bool(runs[1][1]) == (bad is None)
+                                       sequential=sequential) for sequential in (False, True) for source in (None, words)]
+            for run_ in runs[1:]:
+                np.testing.assert_array_equal(np.asarray(runs[0][0]), np.asarray(run_[0]))
+                assert bool(run_[1]) == bool(runs[0][1]) == (bad is None)

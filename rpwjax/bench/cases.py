@@ -27,8 +27,8 @@ from rpwjax.privatize import release_file
 from rpwjax import release_path
 from rpwjax.keys import bound
 from rpwjax.release_path import release
-from rpwjax.sampling import block_uniforms, params_digest, spec
-from rpwjax.stream import BLOCK_ROWS, block_counters
+from rpwjax.sampling import block_uniforms, params_digest, spec, uniforms_of_words
+from rpwjax.stream import BLOCK_ROWS
 
 # --------------------------------------------------------------------------- cases
 
@@ -147,14 +147,13 @@ def _device_blocks(n: int, fill: float):
     """The Criteo-shaped labels in release blocks, already on the device (shared by the kernel members)."""
     num_blocks = -(-int(n) // BLOCK_ROWS)
     with jax.enable_x64(True):
-        blocks = jax.device_put(release_path._blocks(sampling_labels(n), 0, num_blocks, fill))
-        counters = jax.device_put(block_counters(0, num_blocks))
-    return blocks, counters
+        return jax.device_put(release_path._blocks(sampling_labels(n), 0, num_blocks, fill))
 
 
 def kernel_thunk(mechanism: str, n: int, secret: Secret | None = None):
-    """Timed call: the release's device computation alone (block keys, inverse CDF, grid, clamp) on labels
-    already on the device, output left there: what the release costs without the host round trip.
+    """Timed call: the release's computation alone (its stream words, inverse CDF, grid, clamp) on labels
+    already on the device, output left there: what the release costs without the labels' round trip. On CPU
+    the stream words come from the host, as in a release (:func:`rpwjax.release_path.stream_inputs`).
 
     With the same ``secret`` (bound to a release) its first n values are the release's, bit for bit.
     """
@@ -162,14 +161,16 @@ def kernel_thunk(mechanism: str, n: int, secret: Secret | None = None):
     s = spec(params)
     secret = bound(secret if secret is not None else Secret.from_seed(1))
     key = secret.stream_key("labels/" + params.name + "/" + params_digest(params))  # the release's own stream
-    blocks, counters = _device_blocks(n, float(params.lo))
+    blocks = _device_blocks(n, float(params.lo))
     label_range = np.array([float(params.lo), float(params.hi)])
-    sequential = release_path._sequential(jax.local_devices(), counters.shape[0])
+    devices = jax.local_devices()
+    sequential = release_path._sequential(devices, blocks.shape[0], params)
 
     def call():
+        counters, words = release_path.stream_inputs(key, 0, blocks.shape[0], devices)
         with jax.enable_x64(True):
-            out, _ = release_path._release_blocks(params, s["low"], s["high"], key, counters, blocks, label_range,
-                                                  grid=s["grid"], per_row=False, sequential=sequential)
+            out, _ = release_path._release_blocks(params, s["low"], s["high"], key, counters, words, blocks,
+                                                  label_range, grid=s["grid"], per_row=False, sequential=sequential)
             return out.block_until_ready()
     return call
 
@@ -187,23 +188,25 @@ def uniform_thunk(n: int):
 
 
 def stream_uniform_thunk(n: int):
-    """The release path's own uniforms: ChaCha12 block uniforms of ``ceil(n / BLOCK_ROWS)`` blocks, computed the
-    way a release computes them (one block at a time on a single CPU device), result on the device. The part
-    of every release ratio that is the generator, before any mechanism's work."""
+    """The release path's own uniforms: the ChaCha20 uniforms of ``ceil(n / BLOCK_ROWS)`` blocks, made the way a
+    release makes them (words from the host on CPU, else computed on the device one block at a time or side by
+    side), result on the device. The part of every release ratio that is the generator, before any mechanism's
+    work."""
     num_blocks = -(-int(n) // BLOCK_ROWS)
     key = bound(Secret.from_seed(1)).stream_key("labels/uniforms")
-    counters = block_counters(0, num_blocks)
-    sequential = release_path._sequential(jax.local_devices(), num_blocks)
+    devices = jax.local_devices()
 
-    def one(counter):
-        return block_uniforms(key, counter)
+    def one(xs):
+        counter, w = xs
+        return block_uniforms(key, counter) if w is None else uniforms_of_words(w)
 
     with jax.enable_x64(True):
-        fn = jax.jit(lambda c: release_path.map_blocks(one, c, sequential))
+        fn = jax.jit(lambda c, w: release_path.map_blocks(one, (c, w), sequential=False))
 
     def call():
+        counters, words = release_path.stream_inputs(key, 0, num_blocks, devices)
         with jax.enable_x64(True):
-            return fn(counters).block_until_ready()
+            return fn(counters, words).block_until_ready()
     return call
 
 
@@ -510,9 +513,10 @@ def build_groups(plan: Plan, cache_dir, families=None) -> list[Group]:
 
     for n in plan.sampling_n:
         members = [Member("sampling", "uniform-floor", n, "labels", functools.partial(uniform_thunk, n)),
-                   Member("sampling", "chacha12-uniforms", n, "labels", functools.partial(stream_uniform_thunk, n),
+                   Member("sampling", "stream-uniforms", n, "labels", functools.partial(stream_uniform_thunk, n),
                           baseline="uniform-floor",
-                          meta={"dtype": "float64", "what": "the release path's ChaCha12 uniforms alone, on the device"})]
+                          meta={"dtype": "float64", "what": "the release path's ChaCha20 uniforms alone (host words on "
+                                                            "CPU), result on the device"})]
         for name in mechanism_names():
             if plan.release_max_n is None or n <= plan.release_max_n:
                 members.append(

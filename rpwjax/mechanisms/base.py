@@ -64,6 +64,10 @@ class Mechanism:
     # static fields coerced to Python floats when the parameters are built: static metadata must stay hashable,
     # and a JSON round trip or a caller may hand back arrays
     float_fields: ClassVar[tuple] = ()
+    # whether a release on a single CPU device runs this mechanism one release block at a time: an inverse CDF
+    # that gathers from per-row tables keeps its intermediates in cache that way; elementwise inverse CDFs run
+    # faster over all blocks at once (one loop, both cores)
+    release_by_block: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         # A subclass that only overrides methods (a variant sampler, a deliberately

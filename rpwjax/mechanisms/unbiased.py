@@ -109,6 +109,7 @@ class Unbiased(Mechanism):
 
     name = "unbiased"
     discrete = True
+    release_by_block = True  # the inverse CDF gathers from per-row tables (Mechanism.release_by_block)
     derived_fields = ("support_low", "support_high", "cdf_low", "cdf_high", "guide_steps")
 
     derived_from = ("support", "probabilities")
