@@ -231,7 +231,7 @@ def opendp_laplace_thunk(n: int):
     try:
         import opendp.prelude as dp
     except ImportError as err:
-        raise SkipCase(f"opendp is not installed (pip install opendp): {err}") from None
+        raise SkipCase(f"opendp is not installed (pip install -e '.[peers]'): {err}") from None
     dp.enable_features("contrib")
     space = dp.vector_domain(dp.atom_domain(T=float, nan=False)), dp.l1_distance(T=float)
     measurement = space >> dp.m.then_laplace(scale=(PEER_RANGE[1] - PEER_RANGE[0]) / PEER_EPSILON)
@@ -244,7 +244,8 @@ def diffprivlib_laplace_thunk(n: int):
     try:
         from diffprivlib.mechanisms import Laplace
     except Exception as err:  # noqa: BLE001 - absent, or broken against the installed scikit-learn
-        raise SkipCase(f"diffprivlib cannot be imported here ({type(err).__name__}: {err})") from None
+        raise SkipCase(f"diffprivlib cannot be imported here ({type(err).__name__}: {err}; pip install -e '.[peers]' "
+                       "installs a scikit-learn it works with)") from None
     mechanism = Laplace(epsilon=PEER_EPSILON, sensitivity=PEER_RANGE[1] - PEER_RANGE[0])
     y = peer_labels(n).tolist()
     return lambda: [mechanism.randomise(v) for v in y]

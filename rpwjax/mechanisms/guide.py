@@ -153,8 +153,14 @@ def guided_inverse_cdf(cdf, low, high, steps: int, lower, upper, w, u):
     """The number of slots m < M - 1 with ``w·cdf[lower, m] + (1 - w)·cdf[upper, m] <= u`` (the inverse CDF of the
     mixture at ``u``; ``upper = lower + 1``), through the tables of :func:`cdf_brackets` (float64)."""
     b = uniform_bucket(u)
-    first, last = jnp.asarray(low)[lower, b], jnp.asarray(high)[lower, b]
     size = cdf.shape[-1]
+    if size < 1 << 15:
+        # both ends of the bracket in one int32 (high in the top half): one gather per row instead of two (the
+        # packed table is loop-invariant, so XLA builds it once per release, not once per block)
+        both = (jnp.asarray(low) | (jnp.asarray(high) << 16))[lower, b]
+        first, last = both & 0xFFFF, both >> 16
+    else:
+        first, last = jnp.asarray(low)[lower, b], jnp.asarray(high)[lower, b]
     for _ in range(steps):
         mid = (first + last) // 2
         mixed = w * cdf[lower, mid] + (1 - w) * cdf[upper, mid]
