@@ -42,7 +42,9 @@ benchmarks.
 
 from __future__ import annotations
 
+import mmap
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -120,13 +122,16 @@ def _stream_pool() -> ThreadPoolExecutor:
     return _pool
 
 
-def _start_stream(key, first_block: int, num_blocks: int, devices):
+def _start_stream(key, first_block: int, num_blocks: int, devices, reuse: bool = False):
     """Start making :func:`stream_inputs`; returns the function that waits for them. Host words are written by
-    the stream threads, one part per thread, while the caller goes on (it lays out the labels meanwhile)."""
+    the stream threads, one part per thread, while the caller goes on (it lays out the labels meanwhile).
+    ``reuse``: write them into this thread's reused buffer (:func:`_buffer`; a release, which is done with them
+    when it returns)."""
     counters = block_counters(first_block, num_blocks)
     if not host_stream(devices):
         return lambda: (counters, None)
-    words = _aligned_empty(num_blocks * BLOCK_ROWS, np.uint64)
+    size = num_blocks * BLOCK_ROWS
+    words = _buffer("words", size, np.uint64) if reuse else _aligned_empty(size, np.uint64)
     pool = _stream_pool()
     edges = np.linspace(0, num_blocks, min(_STREAM_THREADS, num_blocks) + 1).round().astype(int)
     futures = [pool.submit(host_words, key, (first_block + a) * BLOCK_ROWS, (b - a) * BLOCK_ROWS,
@@ -183,16 +188,39 @@ def map_blocks(one, xs, sequential: bool):
 
 
 def _aligned_empty(size: int, dtype=np.float64) -> np.ndarray:
-    """An uninitialized array of 8-byte items (float64 or uint64) whose data starts on a 64-byte boundary: the
-    CPU device can then use it in place (``device_put`` without a copy)."""
-    raw = np.empty(size * 8 + 64, np.uint8)
-    start = -raw.ctypes.data % 64
-    return raw[start : start + size * 8].view(dtype)
+    """A zeroed array of ``size`` 8-byte items (float64 or uint64) in its own anonymous memory map.
+
+    Page-aligned, so the CPU device uses it in place (``device_put`` without a copy). And with the kernel's
+    default pages: NumPy asks for transparent huge pages for large arrays, and on a machine whose memory is
+    fragmented the kernel then compacts memory on the first write, which stalled one release in five by
+    about 0.1 s per 1e7 labels (the pages of a map are faulted in steadily instead).
+    """
+    return np.frombuffer(mmap.mmap(-1, max(1, size) * 8), dtype=dtype, count=size)
 
 
-def _blocks(values, offset, num_blocks, fill):
-    """``values`` placed at ``offset`` in whole blocks, the rest ``fill`` (the padding is released and dropped)."""
-    padded = _aligned_empty(num_blocks * BLOCK_ROWS)
+_REUSED_ROWS = 1 << 24  # releases up to this many rows (128 MiB a buffer) reuse their host buffers
+_local = threading.local()
+
+
+def _buffer(name: str, size: int, dtype) -> np.ndarray:
+    """A host buffer of ``size`` items that this thread's releases reuse, one per ``name``, up to
+    :data:`_REUSED_ROWS` items (larger ones are fresh maps). Writing into fresh memory faults in every page,
+    which took 20-40% of a 1e7-label release; a release is done with its buffers when it returns (its output
+    is the device's own array), so the next one may overwrite them."""
+    if size > _REUSED_ROWS:
+        return _aligned_empty(size, dtype)
+    cached = getattr(_local, name, None)
+    if cached is None or cached.size < size or cached.dtype != dtype:
+        cached = _aligned_empty(size, dtype)
+        setattr(_local, name, cached)
+    return cached[:size]
+
+
+def _blocks(values, offset, num_blocks, fill, reuse: str | None = None):
+    """``values`` placed at ``offset`` in whole blocks, the rest ``fill`` (the padding is released and dropped);
+    ``reuse``: in this thread's reused buffer of that name (:func:`_buffer`)."""
+    size = num_blocks * BLOCK_ROWS
+    padded = _aligned_empty(size) if reuse is None else _buffer(reuse, size, np.float64)
     padded[:offset] = fill
     padded[offset : offset + values.size] = values
     padded[offset + values.size :] = fill
@@ -260,9 +288,9 @@ def _release_labels(params, parameters, s, secret, y, start, purpose, per_row, l
     num_blocks = -(-(offset + y.size) // BLOCK_ROWS)
     num_blocks = -(-num_blocks // len(devices)) * len(devices)  # whole blocks on every device
     key = secret.stream_key(purpose + "/" + params.name + "/" + parameters)
-    stream = _start_stream(key, start // BLOCK_ROWS, num_blocks, devices)
+    stream = _start_stream(key, start // BLOCK_ROWS, num_blocks, devices, reuse=True)
     with jax.enable_x64(True):
-        blocks = _blocks(y, offset, num_blocks, float(np.min(params.lo)))
+        blocks = _blocks(y, offset, num_blocks, float(np.min(params.lo)), reuse="labels")
         low, high = s["low"], s["high"]
         if per_row:
             params = jax.tree_util.tree_map(

@@ -320,3 +320,29 @@ def test_blocks_one_at_a_time_or_side_by_side_release_the_same_bits(mechanism):
             for run_ in runs[1:]:
                 np.testing.assert_array_equal(np.asarray(runs[0][0]), np.asarray(run_[0]))
                 assert bool(run_[1]) == bool(runs[0][1]) == (bad is None)
+
+
+def test_reused_host_buffers_never_leak_into_a_later_release():
+    """A thread's releases reuse their host buffers (labels, stream words): a release after a larger or a smaller
+    one, or in another thread, gives the values it gives alone, and an earlier output is never overwritten."""
+    import threading
+
+    import rpwjax.release_path as rp
+    from rpwjax.audit.checks import fit_example
+
+    params = fit_example("laplace", 1.0)
+    secret = Secret(bytes(range(32))).for_release("5a" * 16, purpose="test")
+    rng = np.random.default_rng(5)
+    big = rng.uniform(LO, HI, 3 * stream.BLOCK_ROWS + 7)
+    small = rng.uniform(LO, HI, stream.BLOCK_ROWS // 2)
+    first = rp.release(params, secret, big, start=11)
+    kept = first.copy()
+    after = rp.release(params, secret, small, start=3)
+    np.testing.assert_array_equal(first, kept)  # the earlier output is its own array
+    np.testing.assert_array_equal(rp.release(params, secret, big, start=11), kept)
+    alone = {}
+    worker = threading.Thread(target=lambda: alone.update(small=rp.release(params, secret, small, start=3)))
+    worker.start()
+    worker.join()
+    np.testing.assert_array_equal(after, alone["small"])
+    assert getattr(rp._local, "labels").size >= big.size  # the buffers were reused, not fresh each time

@@ -167,7 +167,7 @@ def kernel_thunk(mechanism: str, n: int, secret: Secret | None = None):
     sequential = release_path._sequential(devices, blocks.shape[0], params)
 
     def call():
-        counters, words = release_path.stream_inputs(key, 0, blocks.shape[0], devices)
+        counters, words = release_path._start_stream(key, 0, blocks.shape[0], devices, reuse=True)()  # as a release
         with jax.enable_x64(True):
             out, _ = release_path._release_blocks(params, s["low"], s["high"], key, counters, words, blocks,
                                                   label_range, grid=s["grid"], per_row=False, sequential=sequential)
