@@ -255,6 +255,9 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     when a caller releasing many chunks with the same parameters computed it
     once. ``accounting``, if given, gets the entry "release" over the rows it
     was given (:func:`release_spend`), once the labels are checked.
+
+    Each thread keeps the host buffers of its releases (labels and stream words, 16 bytes a row, releases of
+    up to 2^24 rows) for its next release (:func:`_buffer`).
     """
     if not isinstance(secret, Secret):
         raise InputError(f"release needs an rpwjax.keys.Secret, got {type(secret).__name__}")

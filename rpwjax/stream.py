@@ -27,6 +27,8 @@ against RFC 8439's test vectors in the tests.
 
 from __future__ import annotations
 
+import sys
+
 import jax.numpy as jnp
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
@@ -137,6 +139,8 @@ def host_words(key, first_row: int, n: int, out: np.ndarray | None = None) -> np
             encryptor.update_into(_ZEROS[:size], view[pos : pos + size])  # zeros XOR keystream = keystream
             pos += size
         block = stop
+    if sys.byteorder != "little":  # the keystream's words are little-endian
+        out.byteswap(inplace=True)
     return out
 
 

@@ -189,9 +189,8 @@ def uniform_thunk(n: int):
 
 def stream_uniform_thunk(n: int):
     """The release path's own uniforms: the ChaCha20 uniforms of ``ceil(n / BLOCK_ROWS)`` blocks, made the way a
-    release makes them (words from the host on CPU, else computed on the device one block at a time or side by
-    side), result on the device. The part of every release ratio that is the generator, before any mechanism's
-    work."""
+    release makes them (words from the host on CPU, else computed on the device), result on the device. The
+    part of every release ratio that is the generator, before any mechanism's work."""
     num_blocks = -(-int(n) // BLOCK_ROWS)
     key = bound(Secret.from_seed(1)).stream_key("labels/uniforms")
     devices = jax.local_devices()
