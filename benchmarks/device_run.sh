@@ -17,8 +17,8 @@ LOG="$OUT/device_run.log"
 TOTAL="${TOTAL:-420}"   # seconds for the whole script
 log() { echo "[device_run] $*" | tee -a "$LOG"; }
 
-if ! "$PY" -c 'import jax, numpy, scipy, pyarrow, tqdm, optax, matplotlib' >>"$LOG" 2>&1; then
-  log "a dependency is missing for $PY (needs jax, numpy, scipy, pyarrow, tqdm, optax, matplotlib); see $LOG"
+if ! "$PY" -c 'import jax, numpy, scipy, pyarrow, tqdm, optax, matplotlib, cryptography' >>"$LOG" 2>&1; then
+  log "a dependency is missing for $PY (needs jax, numpy, scipy, pyarrow, tqdm, optax, matplotlib, cryptography); see $LOG"
   exit 2
 fi
 "$PY" -c 'import jax; print("backend", jax.default_backend(), jax.devices())' 2>&1 | tee -a "$LOG"
