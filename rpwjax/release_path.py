@@ -152,6 +152,12 @@ def stream_inputs(key, first_block: int, num_blocks: int, devices):
     return _start_stream(key, first_block, num_blocks, devices)()
 
 
+def stream_uniforms(key, counter, words):
+    """Step 1 for one release block: the uniforms of its host stream ``words``, or, when those are None, of the
+    words the device computes from ``key`` and the block's ``counter`` (:func:`stream_inputs`)."""
+    return block_uniforms(key, counter) if words is None else uniforms_of_words(words)
+
+
 @partial(jax.jit, static_argnames=("grid", "per_row", "sequential"))
 def _release_blocks(params, low, high, key, counters, words, y_blocks, label_range, grid, per_row,
                     sequential=False):
@@ -163,18 +169,15 @@ def _release_blocks(params, low, high, key, counters, words, y_blocks, label_ran
     """
     inside = jnp.all((y_blocks >= label_range[0]) & (y_blocks <= label_range[1]))  # NaN compares false
 
-    def uniforms(counter, w):
-        return block_uniforms(key, counter) if w is None else uniforms_of_words(w)
-
     if per_row:  # per-row parameters and ranges are blocked like the labels
         def one(xs):
             p, lo_, hi_, counter, w, y = xs
-            return released_values(p, grid, lo_, hi_, uniforms(counter, w), y)
+            return released_values(p, grid, lo_, hi_, stream_uniforms(key, counter, w), y)
         xs = (params, low, high, counters, words, y_blocks)
     else:
         def one(xs):
             counter, w, y = xs
-            return released_values(params, grid, low, high, uniforms(counter, w), y)
+            return released_values(params, grid, low, high, stream_uniforms(key, counter, w), y)
         xs = (counters, words, y_blocks)
     return map_blocks(one, xs, sequential), inside
 

@@ -27,7 +27,7 @@ from rpwjax.privatize import release_file
 from rpwjax import release_path
 from rpwjax.keys import bound
 from rpwjax.release_path import release
-from rpwjax.sampling import block_uniforms, params_digest, spec, uniforms_of_words
+from rpwjax.sampling import params_digest, spec
 from rpwjax.stream import BLOCK_ROWS
 
 # --------------------------------------------------------------------------- cases
@@ -190,14 +190,14 @@ def uniform_thunk(n: int):
 def stream_uniform_thunk(n: int):
     """The release path's own uniforms: the ChaCha20 uniforms of ``ceil(n / BLOCK_ROWS)`` blocks, made the way a
     release makes them (words from the host on CPU, else computed on the device), result on the device. The
-    part of every release ratio that is the generator, before any mechanism's work."""
+    part of every release ratio that is the generator, before any mechanism's work. Its host words go into a
+    fresh buffer each call, so on CPU it also pays the page faults that a release's reused buffers avoid."""
     num_blocks = -(-int(n) // BLOCK_ROWS)
     key = bound(Secret.from_seed(1)).stream_key("labels/uniforms")
     devices = jax.local_devices()
 
     def one(xs):
-        counter, w = xs
-        return block_uniforms(key, counter) if w is None else uniforms_of_words(w)
+        return release_path.stream_uniforms(key, *xs)
 
     with jax.enable_x64(True):
         fn = jax.jit(lambda c, w: release_path.map_blocks(one, (c, w), sequential=False))
