@@ -1,6 +1,7 @@
 """The auto pipeline (rpwjax.pipelines.auto) and the fair comparison (rpwjax.pipelines.feature_prior)."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -237,6 +238,16 @@ def test_cell_fit_reads_each_label_in_one_cell_and_its_noise_energy_is_the_measu
         measured = np.mean(np.sum((spread @ centred.T) ** 2, axis=1))
         expected = statistics.fit_noise_energy(design, HI - LO, bound, 0.5, cells=kwargs.get("cells"))
         assert 0.8 < measured / expected < 1.25, (fit.__name__, measured, expected)
+        # ... and the fit's own estimate of the labels' mean without its ridge, which the fallback weighs by its
+        # variance: centred on the labels' mean, with that variance (nearly one Laplace coordinate, so a wider
+        # band: the sample variance of 300 draws errs by about 13%)
+        estimates = np.array([statistics.fit_mean_estimate(design, t, HI - LO, bound, 0.5, cells=kwargs.get("cells"))
+                              for t in thetas])
+        expected = estimates[0, 1]
+        assert np.all(estimates[:, 1] == expected)  # public numbers: the same for every draw
+        assert 0.7 < np.var(estimates[:, 0], ddof=1) / expected < 1.4, (fit.__name__, estimates[:, 0].var(), expected)
+        bias = estimates[:, 0].mean() - (y.mean() - centre)
+        assert abs(bias) < 4 * math.sqrt(expected / 300) + 0.002 * (HI - LO), (fit.__name__, bias, expected)
     with pytest.raises(InputError, match="cells must"):
         statistics.private_cell_fit(design, y, LO, HI, 0.5, Secret.from_seed(0), cells=cells[:-1])
     with pytest.raises(InputError, match="without gaps"):
@@ -644,15 +655,17 @@ def test_an_unreadable_residual_histogram_falls_back_to_a_private_mean_and_mean_
     """1,600 rows at ε = 0.15 (Q < 1: the release can inform a model): even 4 residual bins would hold
     1600·0.015/2/4 = 3 rows per unit of noise scale, fewer than the rule's 4, so the histogram cannot be told
     from its noise. Step 3 says so in the plan (public: ``explain`` shows it) and keeps the usual split; step 4
-    pays fallback_mean_share of ε₁ for a private mean of the labels, moves the centres' mean to it, releases
-    the histogram with the rest and gives every row a prior whose mean is its centre. With the fallback off,
-    or with rows enough to read the histogram, the plan and the account are as before."""
+    pays fallback_mean_share of ε₁ for a private mean of the labels, combines it with the fit's own mean by
+    their known noise variances, moves the centres' mean there, releases the histogram with the rest and gives
+    every row a prior whose mean is its centre. With the fallback off, or with rows enough to read the
+    histogram, the plan and the account are as before."""
     x, y, design, bound, p = _one_feature(rng, 0.15, 0.4, 0.6)
     eps1 = p.residual_histogram_epsilon
     assert p.branch == "denoised" and p.unbiased_noise_ratio < RULE.uninformative_release
     assert p.row_prior == "mean-matched" and p.fallback.to_json() == {
         "reason": "unreadable-histogram", "rows_per_noise_per_bin": pytest.approx(1600 * eps1 / 8, rel=1e-12),
-        "threshold": RULE.rows_per_noise_per_bin, "mean_epsilon": pytest.approx(RULE.fallback_mean_share * eps1)}
+        "threshold": RULE.rows_per_noise_per_bin, "mean_epsilon": pytest.approx(RULE.fallback_mean_share * eps1),
+        "fit_mean_noise": None, "private_mean_noise": None, "private_mean_weight": None}  # step 4 sets these
     assert auto.explain(x, y.size, LO, HI, 0.15)["plan"]["fallback"] == p.fallback.to_json()
     off = dataclasses.replace(RULE, unreadable_histogram_fallback=False)
     before = auto.plan(0.15, y.size, design.shape[1] - 1, bound, HI - LO, rule=off)
@@ -660,18 +673,38 @@ def test_an_unreadable_residual_histogram_falls_back_to_a_private_mean_and_mean_
     assert dataclasses.replace(before, row_prior="mean-matched", fallback=p.fallback) == p  # nothing else moves
     assert auto.plan(0.15, 6_000, design.shape[1] - 1, bound, HI - LO).fallback is None  # 11 rows per noise scale
 
-    means = []
-    real = feature_aware.private_mean
-    monkeypatch.setattr(feature_aware, "private_mean", lambda *a, **k: means.append(real(*a, **k)) or means[-1])
-    prior, eps2, _, _ = _feature_prior(design, bound, y, p, Secret.from_seed(3).for_epsilon(0.15))
-    # the same fit and calibration without the fallback, then one shift to the private mean (and the clip)
+    means, placed = [], []
+    real_mean, real_place = feature_aware.private_mean, feature_aware.fallback_mean
+    monkeypatch.setattr(feature_aware, "private_mean", lambda *a, **k: means.append(real_mean(*a, **k)) or means[-1])
+    monkeypatch.setattr(feature_aware, "fallback_mean", lambda *a, **k: placed.append(real_place(*a, **k)) or placed[-1])
+    prior, planned = feature_aware.feature_aware_prior(design, bound, y, LO, HI, p, Secret.from_seed(3).for_epsilon(0.15))
+    eps2 = planned.mechanism_epsilon
+    # the same fit and calibration without the fallback, then one shift to the placed mean (and the clip)
     unshifted, _, _, _ = _feature_prior(design, bound, y, before, Secret.from_seed(3).for_epsilon(0.15), off)
-    assert len(means) == 1
-    shift = means[0] - np.mean(unshifted.centres)
+    assert len(means) == 1 and len(placed) == 1
+    filled, target = placed[0]
+    assert planned.fallback == filled
+    shift = min(max(target, LO), HI) - np.mean(unshifted.centres)
     np.testing.assert_allclose(prior.centres, np.clip(unshifted.centres + shift, LO, HI), rtol=0, atol=1e-12)
+    # the private mean's noise is √2·W/(n·ε); the weights are inverse to the two variances; "private" alone is
+    # the fallback as it was first written
+    v_private = 2 * ((HI - LO) / (y.size * filled.mean_epsilon)) ** 2
+    assert filled.private_mean_noise == pytest.approx(math.sqrt(v_private), rel=1e-12)
+    v_fit = filled.fit_mean_noise ** 2
+    assert filled.private_mean_weight == pytest.approx(v_fit / (v_fit + v_private), rel=1e-12)
+    assert 0 < filled.private_mean_weight < 1
+    own = (target - filled.private_mean_weight * means[0]) / (1 - filled.private_mean_weight)
+    alone = dataclasses.replace(RULE, fallback_mean_weighting="private")
+    filled_alone, target_alone = real_place(design, np.zeros(design.shape[1]), bound, HI - LO, p.statistics_epsilon,
+                                            None, p.fallback, means[0], y.size, 0.5 * (LO + HI), alone)
+    assert target_alone == means[0] and filled_alone.private_mean_weight == 1.0
+    assert abs(own - np.mean(y)) < 5 * filled.fit_mean_noise  # the fit's own mean estimates the labels' mean
+    with pytest.raises(InputError, match="fallback_mean_weighting"):
+        real_place(design, np.zeros(design.shape[1]), bound, HI - LO, 0.1, None, p.fallback, 1.0, y.size, 2.0,
+                   dataclasses.replace(RULE, fallback_mean_weighting="median"))
     assert eps2 == p.release_epsilon or eps2 == pytest.approx(p.release_epsilon - RULE.calibration_share * 0.15)
     labels, record = auto.auto_labels(x, y, LO, HI, 0.15, secret=Secret.from_seed(3))
-    assert record["row_prior"] == "mean-matched" and record["auto"]["plan"]["fallback"] == p.fallback.to_json()
+    assert record["row_prior"] == "mean-matched" and record["auto"]["plan"]["fallback"] == filled.to_json()
     assert spends(record, "fallback-mean") == pytest.approx([RULE.fallback_mean_share * eps1], rel=1e-12)
     assert spends(record, "residual-histogram") == pytest.approx([(1 - RULE.fallback_mean_share) * eps1], rel=1e-12)
     np.testing.assert_allclose(Accounting.from_json(record).per_row()[0], 0.15, rtol=1e-12)  # every row: ε

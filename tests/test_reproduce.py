@@ -84,7 +84,7 @@ def test_never_the_worse_bet_and_the_unseen_splits_summary(tmp_path, monkeypatch
         ("auto", "default", 4.0): [0.30, 0.50], ("unbiased", "default", 4.0): [0.60, 0.61],  # every seed better,
         # but a spread over twice the best mechanism's: the worse bet by the spread alone, and said so
     }
-    for k in reproduce.UNSEEN_SPLITS[:2]:
+    for k in (*reproduce.UNSEEN_SPLITS[:2], reproduce.EARLIER_SPLITS[0]):
         write_rows([dict(r, split_seed=k) for r in _rows("crime", "private", cells)],
                    tmp_path / reproduce.SPLITS / f"split-{k}" / "crime" / "results.csv")
     seen = []
@@ -97,14 +97,19 @@ def test_never_the_worse_bet_and_the_unseen_splits_summary(tmp_path, monkeypatch
     assert not by_eps[1.0]["safe_mean"] and by_eps[1.0]["safe_std"]
     assert by_eps[2.0]["safe"] and by_eps[2.0]["met"]
     text = reproduce.auto_report(tmp_path)
-    assert "crime: target met in 4 of 8 cells (splits 1, 2; 2 seeds each); never the worse bet in 2 of 8 (of the " \
-           "others, 2 fail on the spread alone" in text
+    first, second = reproduce.UNSEEN_SPLITS[:2]
+    assert f"crime: target met in 4 of 8 cells (splits {first}, {second}; 2 seeds each); never the worse bet in 2 " \
+           "of 8 (of the others, 2 fail on the spread alone" in text
+    # the splits judged before the rule's last change: their own summary, never mixed into the judged one
+    earlier = (tmp_path / reproduce.SPLITS / "summary-splits-1-3.md").read_text()
+    assert f"(splits {reproduce.EARLIER_SPLITS[0]}; 2 seeds each)" in earlier and earlier in text + "\n"
     assert "**no** (spread)" in text and "**no** (mean)" in text
     assert by_eps[4.0]["every_seed_better"] and not by_eps[4.0]["safe"] and by_eps[4.0]["met"]
     assert "every seed better than every seed of the best of the six" in text
     assert (tmp_path / reproduce.SPLITS / "summary.md").read_text() in text + "\n"
-    split_one = (tmp_path / reproduce.SPLITS / "split-1" / "target.md").read_text()
-    assert "never the worse bet in 1 of 4" in split_one and set(seen) == set(reproduce.UNSEEN_SPLITS[:2])
+    split_one = (tmp_path / reproduce.SPLITS / f"split-{first}" / "target.md").read_text()
+    assert "never the worse bet in 1 of 4" in split_one
+    assert set(seen) == {first, second, reproduce.EARLIER_SPLITS[0]}
 
 
 def test_the_committed_auto_sweep_covers_both_data_sets_every_epsilon_and_five_seeds():
@@ -179,16 +184,19 @@ def test_the_readme_quotes_the_committed_auto_table_and_benchmark_run():
     assert (root / "plots" / reproduce.FRESH / "auto" / "target.md").read_text() == fresh + "\n"
     assert fresh in readme and "--first-seed" in readme
     assert {j.name for j in reproduce.JOBS} >= {f"auto-fresh-{d}" for d in reproduce.FRESH_DATASETS}
-    # the unseen splits: each split's table and the summary beside them, the summary in the README
-    splits = reproduce.split_tables(root / "plots")
-    assert splits and set(splits) <= set(reproduce.UNSEEN_SPLITS)
-    for k, table in splits.items():
-        assert {t["split"] for t in table} == {k}
-        path = root / "plots" / reproduce.SPLITS / f"split-{k}" / "target.md"
-        assert path.read_text() == reproduce.format_auto_table(table) + "\n"
-    summary = reproduce.format_split_summary(splits)
-    assert (root / "plots" / reproduce.SPLITS / "summary.md").read_text() == summary + "\n"
-    assert summary in readme and "--split-seed" in readme
+    # the unseen splits, and those judged before the rule's last change: each split's table and the summary
+    # beside them, both summaries in the README
+    for chosen, name in ((reproduce.UNSEEN_SPLITS, "summary.md"), (reproduce.EARLIER_SPLITS, "summary-splits-1-3.md")):
+        splits = reproduce.split_tables(root / "plots", chosen)
+        assert sorted(splits) == list(chosen)
+        for k, table in splits.items():
+            assert {t["split"] for t in table} == {k}
+            assert {t["dataset"] for t in table} == set(reproduce.AUTO_DATASETS)
+            path = root / "plots" / reproduce.SPLITS / f"split-{k}" / "target.md"
+            assert path.read_text() == reproduce.format_auto_table(table) + "\n"
+        summary = reproduce.format_split_summary(splits)
+        assert (root / "plots" / reproduce.SPLITS / name).read_text() == summary + "\n"
+        assert summary in readme and "--split-seed" in readme
     run = json.loads((root / "benchmarks" / "results" / "cpu" / "results.json").read_text())
     assert run["errors"] == [] and run["targets"]
     for target in run["targets"].values():

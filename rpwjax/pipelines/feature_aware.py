@@ -21,14 +21,14 @@ import math
 import numpy as np
 
 from rpwjax.accounting import Accounting
-from rpwjax.errors import check_choice
+from rpwjax.errors import InputError, check_choice
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import entry
 from rpwjax.pipelines.linear_prior import LinearResidualPrior, linear_centres, residual_prior_around
 from rpwjax.pipelines.rule import BRANCHES, DEFAULT_RULE, AutoPlan, AutoRule, Calibration, Fallback, FitChoice
-from rpwjax.pipelines.statistics import (bounded_design, fit_noise_energy, fit_signal_to_noise, median_cells,
-                                         principal_scores, private_mean, private_cell_fit, private_slope, slope_noise,
-                                         winsorized_scores)
+from rpwjax.pipelines.statistics import (bounded_design, fit_mean_estimate, fit_noise_energy, fit_signal_to_noise,
+                                         median_cells, principal_scores, private_mean, private_cell_fit, private_slope,
+                                         slope_noise, winsorized_scores)
 from rpwjax.priors import histogram_prior
 
 
@@ -193,9 +193,10 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret,
     :func:`~rpwjax.pipelines.statistics.slope_noise`, public numbers and the released centres), then nothing
     is paid. Where the plan names a fallback (:func:`unreadable_histogram`), its ``mean_epsilon`` (a share of ε₁)
     buys an ε-DP mean of the labels (:func:`~rpwjax.pipelines.statistics.private_mean`, purpose
-    "fallback-mean") and the centres are moved, all by one shift, so that their mean is it (then clipped to
-    the range): the labels' overall level then rests on a statistic whose noise is known in advance, not on
-    the unreadable histogram's location. Then the ε₁-DP residual histogram around the centres (with what is
+    "fallback-mean") and the centres are moved, all by one shift, so that their mean is that mean combined with
+    the fit's own by their known noise variances (:func:`fallback_mean`; then clipped to the range): the
+    labels' overall level then rests on statistics whose noise is known in advance, not on the unreadable
+    histogram's location. Then the ε₁-DP residual histogram around the centres (with what is
     left of ε₁). Spent: ε_s + ε₁ + ε_c; the release gets
     ``plan.mechanism_epsilon`` = ε - ε_s - ε₁ - ε_c. Every release is recorded in ``accounting``, if given."""
     width, eps_s = hi - lo, p.statistics_epsilon
@@ -223,13 +224,45 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret,
                 m = mean + alpha * (m - mean)
                 calibration = dataclasses.replace(calibration, epsilon=eps_c, slope=alpha)
     eps1 = p.residual_histogram_epsilon
-    if p.fallback is not None and p.fallback.mean_epsilon > 0:
-        mean = private_mean(y, lo, hi, p.fallback.mean_epsilon, secret.child("fallback-mean"), accounting=accounting,
+    fallback = p.fallback
+    if fallback is not None and fallback.mean_epsilon > 0:
+        mean = private_mean(y, lo, hi, fallback.mean_epsilon, secret.child("fallback-mean"), accounting=accounting,
                             purpose="fallback-mean")
-        m = np.clip(m + (mean - float(np.mean(m))), lo, hi)  # one shift for every row: their mean is the private one
-        eps1 = eps1 - p.fallback.mean_epsilon
+        fallback, mean = fallback_mean(design, theta, bound, width, eps_s, cells if fit.estimator == "cells" else None,
+                                       fallback, mean, y.size, 0.5 * (lo + hi), rule)
+        m = np.clip(m + (min(max(mean, lo), hi) - float(np.mean(m))), lo, hi)  # one shift for every row
+        eps1 = eps1 - fallback.mean_epsilon
     prior = residual_prior_around(m, design, bound, y, lo, hi, eps1, secret,
                                   residual_bins=rule.residual_bins, rule=rule, accounting=accounting)
     spent_c = calibration.epsilon if calibration else 0.0
     mechanism_epsilon = p.release_epsilon - spent_c if spent_c else p.release_epsilon
-    return prior, dataclasses.replace(p, fit=fit, calibration=calibration, mechanism_epsilon=mechanism_epsilon)
+    return prior, dataclasses.replace(p, fit=fit, calibration=calibration, mechanism_epsilon=mechanism_epsilon,
+                                      fallback=fallback)
+
+
+def fallback_mean(design, theta, bound: float, width: float, eps_s: float, cells, fallback: Fallback,
+                  private: float, rows: int, centre: float, rule: AutoRule = DEFAULT_RULE) -> tuple[Fallback, float]:
+    """Step 4 of the fallback: where the centres' mean goes, ``(fallback, mean)``, the fallback with its noise
+    numbers set.
+
+    Two released statistics estimate the labels' mean, each with noise known before anything is released: the
+    fit's own, refitted without its ridge so that the labels do not pull it towards the range's middle
+    (:func:`~rpwjax.pipelines.statistics.fit_mean_estimate`: its variance follows from ε_s and the design;
+    ``cells``: the fit was the cell fit), and the ``private`` mean bought with ``fallback.mean_epsilon``
+    (sensitivity W/n: variance 2·(W/(n·ε))²). With ``rule.fallback_mean_weighting`` "inverse-variance" they are
+    combined with weights inverse to their variances, the least noisy unbiased combination (a fit whose sums
+    average many rows can be far steadier than a mean bought with half of a small ε₁, and a fit of few rows
+    the reverse); "private": the private mean alone. Post-processing of released statistics and public
+    numbers."""
+    own, v_fit = fit_mean_estimate(design, theta, width, bound, eps_s, cells=cells, prior_scale=rule.prior_scale)
+    v_private = 2.0 * (width / (rows * fallback.mean_epsilon)) ** 2
+    if rule.fallback_mean_weighting == "private":
+        weight = 1.0
+    elif rule.fallback_mean_weighting == "inverse-variance":
+        weight = v_fit / (v_fit + v_private)
+    else:
+        raise InputError(f"fallback_mean_weighting must be 'inverse-variance' or 'private', got "
+                         f"{rule.fallback_mean_weighting!r}")
+    mean = weight * private + (1.0 - weight) * (own + centre)
+    return dataclasses.replace(fallback, fit_mean_noise=math.sqrt(v_fit), private_mean_noise=math.sqrt(v_private),
+                               private_mean_weight=weight), mean

@@ -84,6 +84,13 @@ class AutoRule:
     # where the histogram's location is not); the histogram gets the rest, for its shape. Derivation: the
     # mean-calibrated prior's split of its ε₁ (rpwjax.pipelines.calibrated: half a histogram, half a mean);
     # not tuned
+    fallback_mean_weighting: str = "inverse-variance"
+    # ... and the centres' mean is moved to the combination of the two estimates of the labels' mean that the
+    # fallback holds, each with its noise variance known in advance: the fit's own (the mean of its predictions,
+    # variance x̄ᵀCov(θ)x̄) and the private mean's (2·(W/(n·mean_epsilon))²), weighted by their inverse
+    # variances (the weights that minimise the combined noise; derivation, not tuned).
+    # plots/auto/fallback-mean-validation/ checked it (docs/auto.md, "The fallback's mean"). "private": the
+    # private mean alone, as before
     target_rho: float = 0.1
     # unbiased: ε_s brings ρ down to this ...
     unbiased_statistics_shares: tuple[float, float] = (0.05, 0.1)
@@ -214,13 +221,17 @@ class Fallback:
     (``row_prior`` "mean-matched"), because the residual histogram cannot be told from its noise. ``reason``:
     "unreadable-histogram"; ``rows_per_noise_per_bin``: rows·ε₁/2/bins at the fewest bins, below
     ``threshold`` (the rule's ``rows_per_noise_per_bin``); ``mean_epsilon``: the part of ε₁ that buys the
-    private mean the centres are moved to (the histogram gets ε₁ less it; 0: none bought). Public numbers
-    only."""
+    private mean (the histogram gets ε₁ less it; 0: none bought). Step 4 sets the last three: the noise
+    standard deviations of the two estimates of the labels' mean the centres' mean is placed by, and the
+    private mean's weight (the rule's ``fallback_mean_weighting``). Public numbers only."""
 
     reason: str
     rows_per_noise_per_bin: float
     threshold: float
     mean_epsilon: float
+    fit_mean_noise: float | None = None  # step 4: the standard deviation of the fit's own mean by its noise ...
+    private_mean_noise: float | None = None  # ... and of the private mean (both public numbers) ...
+    private_mean_weight: float | None = None  # ... and the private mean's weight in the centres' mean (1: alone)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

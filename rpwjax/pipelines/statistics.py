@@ -156,6 +156,20 @@ def _fit_noise(d: int, rows: int, width: float, bound: float, eps: float, prior_
     return b, 2 * b**2 / ((prior_scale * width) ** 2 * rows)
 
 
+def _fit_covariance_parts(design, width: float, bound: float, epsilon: float, cells, prior_scale: float):
+    """The ε-DP linear fit's ridged Gram matrix G and the noise covariance of Gθ, ``(G, middle)``, so that
+    Cov(θ) = G⁻¹·middle·G⁻¹: for :func:`private_linear_fit` G = XᵀX + λI and middle the scalar 2b² (Gθ is the
+    noisy Xᵀ(y - c), each sum's noise of variance 2b²); for :func:`private_cell_fit` G = ZᵀΩZ + I/τ² and
+    middle = ZᵀΩZ (Gθ is ZᵀΩ(m̃ - c))."""
+    rows, d = design.shape
+    if cells is None:
+        b, ridge = _fit_noise(d, rows, float(width), float(bound), float(epsilon), prior_scale)
+        return design.T @ design + ridge * np.eye(d), 2 * b**2
+    z, weight, _ = _cell_system(design, cells, float(width), float(epsilon))
+    information = z.T @ (z * weight[:, None])
+    return information + np.eye(d) / (prior_scale * float(width)) ** 2, information
+
+
 def fit_noise_energy(design, width: float, bound: float, epsilon: float, *, cells=None,
                      prior_scale: float = DEFAULT_RULE.prior_scale) -> float:
     """The expected energy N that an ε-DP linear fit's noise alone puts into the centred predictions X̄θ (X̄ the
@@ -166,16 +180,36 @@ def fit_noise_energy(design, width: float, bound: float, epsilon: float, *, cell
     ``cells`` (a cell index per row): :func:`private_cell_fit`, Cov(θ) = A⁻¹ZᵀΩZA⁻¹ with its Z, Ω and A.
     ``prior_scale``: the fits' (their ridge's prior scale over the width)."""
     design = np.asarray(design, np.float64)
-    rows, d = design.shape
     centred = design - design.mean(axis=0)
+    gram, middle = _fit_covariance_parts(design, width, bound, epsilon, cells, prior_scale)
+    inverse = np.linalg.inv(gram)
     if cells is None:
-        b, ridge = _fit_noise(d, rows, float(width), float(bound), float(epsilon), prior_scale)
-        inverse = np.linalg.inv(design.T @ design + ridge * np.eye(d))
-        return 2 * b**2 * float(np.trace(inverse @ (centred.T @ centred) @ inverse))
-    z, weight, _ = _cell_system(design, cells, float(width), float(epsilon))
-    information = z.T @ (z * weight[:, None])
-    inverse = np.linalg.inv(information + np.eye(d) / (prior_scale * float(width)) ** 2)
-    return float(np.trace(inverse @ information @ inverse @ (centred.T @ centred)))
+        return middle * float(np.trace(inverse @ (centred.T @ centred) @ inverse))
+    return float(np.trace(inverse @ middle @ inverse @ (centred.T @ centred)))
+
+
+def fit_mean_estimate(design, theta, width: float, bound: float, epsilon: float, *, cells=None,
+                      prior_scale: float = DEFAULT_RULE.prior_scale) -> tuple[float, float]:
+    """The labels' mean as the released ε-DP linear fit estimates it, without its ridge, and that estimate's
+    noise variance: ``(mean - c, variance)``, c the range's midpoint the fit is centred on.
+
+    The fits shrink θ towards 0 (a ridge: :func:`private_linear_fit`'s λ, :func:`private_cell_fit`'s prior),
+    which pulls the mean of their predictions towards c by a share that depends on the labels. The released
+    statistic the ridge was applied to is recovered from θ (post-processing: G·θ, G the public ridged Gram
+    matrix, is the noisy Xᵀ(y - c) or ZᵀΩ(m̃ - c)) and refitted without the ridge, θ₀ = G₀⁻¹Gθ; the mean of
+    those predictions, x̄ᵀθ₀ (x̄ the design's mean row), is the least-squares fit's, whose residuals average
+    to zero: the labels' mean less c up to the rows the L1 bound shrank (for the cells, whose sizes differ
+    by at most one, the mean of the cell means). Its noise variance is x̄ᵀG₀⁻¹ Cov(Gθ) G₀⁻¹x̄: 2b²‖G₀⁻¹x̄‖²
+    for the sums, x̄ᵀ(ZᵀΩZ)⁻¹x̄ for the cells. Public numbers and the released θ only."""
+    design = np.asarray(design, np.float64)
+    mean_row = design.mean(axis=0)
+    gram, middle = _fit_covariance_parts(design, width, bound, epsilon, cells, prior_scale)
+    released = gram @ np.asarray(theta, np.float64)
+    if cells is None:
+        direction = np.linalg.solve(design.T @ design, mean_row)
+        return float(direction @ released), float(middle * (direction @ direction))
+    direction = np.linalg.solve(middle, mean_row)
+    return float(direction @ released), float(direction @ mean_row)
 
 
 def fit_signal_to_noise(design, theta, width: float, bound: float, epsilon: float, *, cells=None,
