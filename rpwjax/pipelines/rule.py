@@ -86,11 +86,11 @@ class AutoRule:
     # not tuned
     fallback_mean_weighting: str = "inverse-variance"
     # ... and the centres' mean is moved to the combination of the two estimates of the labels' mean that the
-    # fallback holds, each with its noise variance known in advance: the fit's own (the mean of its predictions,
-    # variance x̄ᵀCov(θ)x̄) and the private mean's (2·(W/(n·mean_epsilon))²), weighted by their inverse
-    # variances (the weights that minimise the combined noise; derivation, not tuned).
-    # plots/auto/fallback-mean-validation/ checked it (docs/auto.md, "The fallback's mean"). "private": the
-    # private mean alone, as before
+    # fallback holds, each with its noise variance known in advance: the fit's own (the mean of its predictions
+    # refitted without the ridge, statistics.fit_mean_estimate) and the private mean's (2·(W/(n·mean_epsilon))²),
+    # weighted by their inverse variances (the weights that minimise the combined noise of two unbiased
+    # estimates; derivation, not tuned). plots/auto/fallback-mean-validation/ checked it (docs/auto.md, "The
+    # fallback's mean, on fresh folds of Crime"). "private": the private mean alone, as before
     target_rho: float = 0.1
     # unbiased: ε_s brings ρ down to this ...
     unbiased_statistics_shares: tuple[float, float] = (0.05, 0.1)
