@@ -699,6 +699,11 @@ def test_an_unreadable_residual_histogram_falls_back_to_a_private_mean_and_mean_
                                             None, p.fallback, means[0], y.size, 0.5 * (LO + HI), alone)
     assert target_alone == means[0] and filled_alone.private_mean_weight == 1.0
     assert abs(own - np.mean(y)) < 5 * filled.fit_mean_noise  # the fit's own mean estimates the labels' mean
+    # a design column that is zero on every row (a constant feature's score): the fit's mean is still read
+    flat = np.concatenate([design, np.zeros((design.shape[0], 1))], axis=1)
+    filled_flat, target_flat = real_place(flat, np.zeros(flat.shape[1]), bound, HI - LO, p.statistics_epsilon, None,
+                                          p.fallback, means[0], y.size, 0.5 * (LO + HI), RULE)
+    assert math.isfinite(target_flat) and 0 < filled_flat.private_mean_weight < 1
     with pytest.raises(InputError, match="fallback_mean_weighting"):
         real_place(design, np.zeros(design.shape[1]), bound, HI - LO, 0.1, None, p.fallback, 1.0, y.size, 2.0,
                    dataclasses.replace(RULE, fallback_mean_weighting="median"))

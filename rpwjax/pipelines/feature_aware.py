@@ -256,13 +256,13 @@ def fallback_mean(design, theta, bound: float, width: float, eps_s: float, cells
     numbers."""
     own, v_fit = fit_mean_estimate(design, theta, width, bound, eps_s, cells=cells, prior_scale=rule.prior_scale)
     v_private = 2.0 * (width / (rows * fallback.mean_epsilon)) ** 2
-    if rule.fallback_mean_weighting == "private":
-        weight = 1.0
+    if rule.fallback_mean_weighting == "private" or not (math.isfinite(own) and math.isfinite(v_fit)):
+        weight = 1.0  # (a fit whose mean cannot be read, e.g. an ill-conditioned design, is not weighed)
     elif rule.fallback_mean_weighting == "inverse-variance":
         weight = v_fit / (v_fit + v_private)
     else:
         raise InputError(f"fallback_mean_weighting must be 'inverse-variance' or 'private', got "
                          f"{rule.fallback_mean_weighting!r}")
-    mean = weight * private + (1.0 - weight) * (own + centre)
+    mean = private if weight == 1.0 else weight * private + (1.0 - weight) * (own + centre)
     return dataclasses.replace(fallback, fit_mean_noise=math.sqrt(v_fit), private_mean_noise=math.sqrt(v_private),
                                private_mean_weight=weight), mean

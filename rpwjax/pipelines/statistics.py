@@ -205,10 +205,13 @@ def fit_mean_estimate(design, theta, width: float, bound: float, epsilon: float,
     mean_row = design.mean(axis=0)
     gram, middle = _fit_covariance_parts(design, width, bound, epsilon, cells, prior_scale)
     released = gram @ np.asarray(theta, np.float64)
+    plain = design.T @ design if cells is None else middle
+    try:
+        direction = np.linalg.solve(plain, mean_row)
+    except np.linalg.LinAlgError:  # a design column that is zero on every row (a constant feature's score)
+        direction = np.linalg.lstsq(plain, mean_row, rcond=None)[0]
     if cells is None:
-        direction = np.linalg.solve(design.T @ design, mean_row)
         return float(direction @ released), float(middle * (direction @ direction))
-    direction = np.linalg.solve(middle, mean_row)
     return float(direction @ released), float(direction @ mean_row)
 
 
