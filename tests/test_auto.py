@@ -704,9 +704,8 @@ def test_an_unreadable_residual_histogram_falls_back_to_a_private_mean_and_mean_
     filled_flat, target_flat = real_place(flat, np.zeros(flat.shape[1]), bound, HI - LO, p.statistics_epsilon, None,
                                           p.fallback, means[0], y.size, 0.5 * (LO + HI), RULE)
     assert math.isfinite(target_flat) and 0 < filled_flat.private_mean_weight < 1
-    with pytest.raises(InputError, match="fallback_mean_weighting"):
-        real_place(design, np.zeros(design.shape[1]), bound, HI - LO, 0.1, None, p.fallback, 1.0, y.size, 2.0,
-                   dataclasses.replace(RULE, fallback_mean_weighting="median"))
+    with pytest.raises(InputError, match="fallback_mean_weighting"):  # a rule with an unknown weighting is refused
+        dataclasses.replace(RULE, fallback_mean_weighting="median")
     assert eps2 == p.release_epsilon or eps2 == pytest.approx(p.release_epsilon - RULE.calibration_share * 0.15)
     labels, record = auto.auto_labels(x, y, LO, HI, 0.15, secret=Secret.from_seed(3))
     assert record["row_prior"] == "mean-matched" and record["auto"]["plan"]["fallback"] == filled.to_json()

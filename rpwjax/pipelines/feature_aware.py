@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from rpwjax.accounting import Accounting
-from rpwjax.errors import InputError, check_choice
+from rpwjax.errors import check_choice
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import entry
 from rpwjax.pipelines.linear_prior import LinearResidualPrior, linear_centres, residual_prior_around
@@ -258,11 +258,8 @@ def fallback_mean(design, theta, bound: float, width: float, eps_s: float, cells
     v_private = 2.0 * (width / (rows * fallback.mean_epsilon)) ** 2
     if rule.fallback_mean_weighting == "private" or not (math.isfinite(own) and math.isfinite(v_fit)):
         weight = 1.0  # (a fit whose mean cannot be read, e.g. an ill-conditioned design, is not weighed)
-    elif rule.fallback_mean_weighting == "inverse-variance":
+    else:  # "inverse-variance" (AutoRule checks the name)
         weight = v_fit / (v_fit + v_private)
-    else:
-        raise InputError(f"fallback_mean_weighting must be 'inverse-variance' or 'private', got "
-                         f"{rule.fallback_mean_weighting!r}")
     mean = private if weight == 1.0 else weight * private + (1.0 - weight) * (own + centre)
     return dataclasses.replace(fallback, fit_mean_noise=math.sqrt(v_fit), private_mean_noise=math.sqrt(v_private),
                                private_mean_weight=weight), mean

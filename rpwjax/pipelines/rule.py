@@ -18,8 +18,10 @@ import dataclasses
 import math
 
 
+from rpwjax.errors import InputError
 from rpwjax.priors import DEFAULT_BINS
 
+FALLBACK_MEAN_WEIGHTINGS = ("inverse-variance", "private")  # AutoRule.fallback_mean_weighting
 BRANCHES = ("denoised", "unbiased")  # the outcomes of step 2 a caller may fix (validation of the rule)
 
 
@@ -164,6 +166,11 @@ class AutoRule:
     comparison_statistics_share: float = 0.05
     # auto uses no features there; the comparison still groups rows by centres, from a fit with this share of ε
     # (not tuned on any run: the smallest share the rule gives a fit elsewhere, the unbiased branch's)
+
+    def __post_init__(self):
+        if self.fallback_mean_weighting not in FALLBACK_MEAN_WEIGHTINGS:
+            raise InputError(f"fallback_mean_weighting must be one of {FALLBACK_MEAN_WEIGHTINGS}, got "
+                             f"{self.fallback_mean_weighting!r}")
 
     def to_json(self) -> dict:
         """Every field, tuples as lists."""
