@@ -717,6 +717,64 @@ def test_an_unreadable_residual_histogram_falls_back_to_a_private_mean_and_mean_
     assert unchanged["auto"]["plan"]["fallback"] is None
 
 
+def test_the_level_anchor_moves_the_row_priors_mean_to_a_mean_with_known_noise(rng, monkeypatch):
+    """Denoised with censored row priors (20,000 rows at ε = 0.3: the histogram is readable, Q < 1): with
+    ``level_anchor_share`` the rule takes that share of ε from the release for a private mean of the labels,
+    combines it with the fit's own mean by their known noise variances, and moves every centre by one shift so
+    that the censored row priors (on the release's rounded centres) average to that target. The plan records
+    the public numbers; the account adds the mean's ε and the release loses it; every row still spends ε. With
+    the share 0, on a fallback and on the unbiased branch nothing is bought."""
+    eps = 0.3
+    anchored_rule = dataclasses.replace(RULE, level_anchor_share=0.1)
+    unanchored_rule = dataclasses.replace(RULE, level_anchor_share=0.0)
+    x, y, design, bound, p = _one_feature(rng, eps, 0.4, 0.6, n=20_000)
+    assert p.branch == "denoised" and p.row_prior == "censored" and p.fallback is None
+    targets, real = [], feature_aware.combined_mean
+    monkeypatch.setattr(feature_aware, "combined_mean", lambda *a, **k: targets.append(real(*a, **k)) or targets[-1])
+    s = Secret.from_seed(5).for_epsilon(eps)
+    prior, planned = feature_aware.feature_aware_prior(design, bound, y, LO, HI, p, s, anchored_rule)
+    plain, plain_plan = feature_aware.feature_aware_prior(design, bound, y, LO, HI, p, s, unanchored_rule)
+    assert len(targets) == 1 and plain_plan.anchor is None
+    target, v_fit, v_private, weight = targets[0]
+    anchor = planned.anchor
+    assert anchor.epsilon == pytest.approx(0.1 * eps, rel=1e-12)
+    assert anchor.private_mean_noise == pytest.approx(math.sqrt(2) * (HI - LO) / (y.size * 0.1 * eps), rel=1e-12)
+    assert anchor.private_mean_noise ** 2 == pytest.approx(v_private, rel=1e-12)
+    assert anchor.fit_mean_noise ** 2 == pytest.approx(v_fit, rel=1e-12)
+    assert weight == pytest.approx(v_fit / (v_fit + v_private), rel=1e-12) and 0 < weight < 1
+    assert planned.mechanism_epsilon == pytest.approx(plain_plan.mechanism_epsilon - 0.1 * eps, rel=1e-12)
+    assert abs(target - y.mean()) < 5 * math.sqrt(1 / (1 / v_fit + 1 / v_private))
+    # one shift for every row (the clip aside), and the rounded centres' censored priors average to the target
+    np.testing.assert_array_equal(prior.edges, plain.edges)
+    np.testing.assert_array_equal(prior.mass, plain.mass)
+    inside = (prior.centres > LO) & (prior.centres < HI)
+    shift = prior.centres[inside] - plain.centres[inside]
+    assert np.ptp(shift) < 1e-9 and inside.mean() > 0.5
+    step = (HI - LO) / RULE.levels
+    rounded = np.clip(LO + step * np.rint((prior.centres - LO) / step), LO, HI)
+    priors = residuals.censored_priors(prior.edges, prior.mass, rounded, LO, HI)
+    means = np.sum(np.asarray(priors.mass) * 0.5 * (np.asarray(priors.left) + np.asarray(priors.right)), axis=-1)
+    assert np.mean(means) == pytest.approx(target, abs=2 * step)
+    # the record: the mean's ε is spent once, and each row's total is ε
+    labels, record = auto.auto_labels(x, y, LO, HI, eps, secret=Secret.from_seed(5), rule=anchored_rule)
+    assert record["auto"]["plan"]["anchor"] == anchor.to_json()
+    assert spends(record, "level-anchor") == pytest.approx([0.1 * eps], rel=1e-12)
+    np.testing.assert_allclose(Accounting.from_json(record).per_row()[0], eps, rtol=1e-12)
+    _, unchanged = auto.auto_labels(x, y, LO, HI, eps, secret=Secret.from_seed(5), rule=unanchored_rule)
+    assert unchanged["auto"]["plan"]["anchor"] is None and not spends(unchanged, "level-anchor")
+    # a fallback (too few rows to read the histogram) buys its own mean; the unbiased branch none
+    x_few, y_few, design_few, bound_few, p_few = _one_feature(rng, 0.15, 0.4, 0.6)
+    assert p_few.fallback is not None
+    _, few_plan = feature_aware.feature_aware_prior(design_few, bound_few, y_few, LO, HI, p_few, s, anchored_rule)
+    assert few_plan.anchor is None
+    _, unbiased_plan = feature_aware.feature_aware_prior(design, bound, y, LO, HI,
+                                                         dataclasses.replace(p, branch="unbiased"), s, anchored_rule)
+    assert unbiased_plan.anchor is None
+    for bad in (-0.1, 1.0):
+        with pytest.raises(InputError, match="level_anchor_share"):
+            dataclasses.replace(RULE, level_anchor_share=bad)
+
+
 @pytest.mark.slow
 def test_centre_levels_give_the_exact_intervals_of_the_rounded_centres(rng, monkeypatch):
     x, y = _data(rng, 3000)
@@ -956,7 +1014,7 @@ def test_the_rule_is_one_frozen_object_that_reaches_the_decisions_the_sidecar_an
     assert code == 0, err
     shown = json.loads(shown)
     assert shown["rule"] == RULE.to_json() and shown["rows"] == y.size
-    assert shown["not_shown"] == ["fit", "calibration", "mechanism_epsilon", "groups"]
+    assert shown["not_shown"] == ["fit", "calibration", "mechanism_epsilon", "groups", "anchor"]
     assert not set(shown["not_shown"]) & set(shown["plan"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["t.csv"]  # no output, no sidecar, no key, no ledger
     sidecar = privatize_table(src, out, label_column="value", lo=LO, hi=HI, epsilon=0.5, secret=Secret.from_seed(3))

@@ -119,7 +119,7 @@ def explain(features, rows: int, lo, hi, epsilon, *, branch: str | None = None, 
     private fit and residual histogram, so showing them would release label information that no ε accounts
     for; they are in the sidecar of a real run, where their releases are paid for."""
     p = public_plan(features, rows, lo, hi, epsilon, branch=branch, rule=rule)
-    hidden = [] if p.branch == "calibrated" else ["fit", "calibration", "mechanism_epsilon", "groups"]
+    hidden = [] if p.branch == "calibrated" else ["fit", "calibration", "mechanism_epsilon", "groups", "anchor"]
     return {"rule": rule.to_json(), "plan": {k: v for k, v in p.to_json().items() if k not in hidden},
             "not_shown": hidden}
 

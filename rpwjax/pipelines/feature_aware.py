@@ -25,7 +25,9 @@ from rpwjax.errors import check_choice
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import entry
 from rpwjax.pipelines.linear_prior import LinearResidualPrior, linear_centres, residual_prior_around
-from rpwjax.pipelines.rule import BRANCHES, DEFAULT_RULE, AutoPlan, AutoRule, Calibration, Fallback, FitChoice
+from rpwjax.pipelines.residuals import censored_priors
+from rpwjax.pipelines.rule import (BRANCHES, DEFAULT_RULE, AutoPlan, AutoRule, Calibration, Fallback, FitChoice,
+                                   LevelAnchor)
 from rpwjax.pipelines.statistics import (bounded_design, fit_mean_estimate, fit_noise_energy, fit_signal_to_noise,
                                          median_cells, principal_scores, private_mean, private_cell_fit, private_slope,
                                          slope_noise, winsorized_scores)
@@ -225,19 +227,80 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret,
                 calibration = dataclasses.replace(calibration, epsilon=eps_c, slope=alpha)
     eps1 = p.residual_histogram_epsilon
     fallback = p.fallback
+    fit_cells = cells if fit.estimator == "cells" else None
     if fallback is not None and fallback.mean_epsilon > 0:
         mean = private_mean(y, lo, hi, fallback.mean_epsilon, secret.child("fallback-mean"), accounting=accounting,
                             purpose="fallback-mean")
-        fallback, mean = fallback_mean(design, theta, bound, width, eps_s, cells if fit.estimator == "cells" else None,
-                                       fallback, mean, y.size, 0.5 * (lo + hi), rule)
+        fallback, mean = fallback_mean(design, theta, bound, width, eps_s, fit_cells, fallback, mean, y.size,
+                                       0.5 * (lo + hi), rule)
         m = np.clip(m + (min(max(mean, lo), hi) - float(np.mean(m))), lo, hi)  # one shift for every row
         eps1 = eps1 - fallback.mean_epsilon
+    anchor = target = None
+    if p.branch == "denoised" and p.row_prior == "censored" and rule.level_anchor_share > 0:
+        eps_a = rule.level_anchor_share * p.epsilon
+        mean = private_mean(y, lo, hi, eps_a, secret.child("level-anchor"), accounting=accounting,
+                            purpose="level-anchor")
+        target, v_fit, v_private, weight = combined_mean(design, theta, bound, width, eps_s, fit_cells, mean, eps_a,
+                                                         y.size, 0.5 * (lo + hi), rule)
+        anchor = LevelAnchor(float(eps_a), math.sqrt(v_fit), math.sqrt(v_private), weight)
     prior = residual_prior_around(m, design, bound, y, lo, hi, eps1, secret,
                                   residual_bins=rule.residual_bins, rule=rule, accounting=accounting)
-    spent_c = calibration.epsilon if calibration else 0.0
-    mechanism_epsilon = p.release_epsilon - spent_c if spent_c else p.release_epsilon
+    if anchor is not None:
+        prior = dataclasses.replace(prior, centres=anchored_centres(prior, lo, hi, target, rule))
+    spent = (calibration.epsilon if calibration else 0.0) + (anchor.epsilon if anchor else 0.0)
+    mechanism_epsilon = p.release_epsilon - spent if spent else p.release_epsilon
     return prior, dataclasses.replace(p, fit=fit, calibration=calibration, mechanism_epsilon=mechanism_epsilon,
-                                      fallback=fallback)
+                                      fallback=fallback, anchor=anchor)
+
+
+def combined_mean(design, theta, bound: float, width: float, eps_s: float, cells, private: float, mean_epsilon: float,
+                  rows: int, centre: float, rule: AutoRule = DEFAULT_RULE) -> tuple[float, float, float, float]:
+    """The labels' mean from the two released estimates of it, ``(mean, v_fit, v_private, weight)``.
+
+    The fit's own estimate, refitted without its ridge so that the labels do not pull it towards the range's
+    middle (:func:`~rpwjax.pipelines.statistics.fit_mean_estimate`: variance ``v_fit`` from ε_s and the design;
+    ``cells``: the fit was the cell fit), and the ``private`` mean bought with ``mean_epsilon`` (sensitivity W/n:
+    variance ``v_private`` = 2·(W/(n·ε))²). With ``rule.fallback_mean_weighting`` "inverse-variance" they are
+    combined with weights inverse to their variances, the least noisy unbiased combination; "private": the
+    private mean alone (``weight`` is the private mean's). Post-processing of released statistics and public
+    numbers."""
+    own, v_fit = fit_mean_estimate(design, theta, width, bound, eps_s, cells=cells, prior_scale=rule.prior_scale)
+    v_private = 2.0 * (width / (rows * mean_epsilon)) ** 2
+    if rule.fallback_mean_weighting == "private" or not (math.isfinite(own) and math.isfinite(v_fit)):
+        weight = 1.0  # (a fit whose mean cannot be read, e.g. an ill-conditioned design, is not weighed)
+    else:  # "inverse-variance" (AutoRule checks the name)
+        weight = v_fit / (v_fit + v_private)
+    mean = private if weight == 1.0 else weight * private + (1.0 - weight) * (own + centre)
+    return mean, v_fit, v_private, weight
+
+
+def anchored_centres(prior: LinearResidualPrior, lo: float, hi: float, target: float,
+                     rule: AutoRule = DEFAULT_RULE) -> np.ndarray:
+    """The centres m moved by one shift δ, clip(m + δ, lo, hi), with δ such that the censored row priors'
+    mean over the rows (:func:`~rpwjax.pipelines.residuals.censored_priors` on the centres rounded to
+    ``rule.levels`` + 1 levels, as the release rounds them) is ``target`` (clipped to the range). Found by
+    bisection: that mean does not decrease as δ grows. Post-processing."""
+    lo, hi = float(lo), float(hi)
+    m = np.asarray(prior.centres, np.float64)
+    target = min(max(float(target), lo), hi)
+    step = (hi - lo) / int(rule.levels)
+
+    def level_mean(delta: float) -> float:
+        c = np.clip(m + delta, lo, hi)
+        levels, counts = np.unique(np.clip(lo + step * np.rint((c - lo) / step), lo, hi), return_counts=True)
+        priors = censored_priors(prior.edges, prior.mass, levels, lo, hi)
+        mass = np.asarray(priors.mass)
+        means = np.sum(mass * 0.5 * (np.asarray(priors.left) + np.asarray(priors.right)), axis=-1) / mass.sum(-1)
+        return float(counts @ means) / m.size
+
+    low, high = lo - float(m.max()), hi - float(m.min())  # beyond these every centre is at an end of the range
+    for _ in range(60):
+        mid = 0.5 * (low + high)
+        if level_mean(mid) < target:
+            low = mid
+        else:
+            high = mid
+    return np.clip(m + 0.5 * (low + high), lo, hi)
 
 
 def fallback_mean(design, theta, bound: float, width: float, eps_s: float, cells, fallback: Fallback,
@@ -254,12 +317,7 @@ def fallback_mean(design, theta, bound: float, width: float, eps_s: float, cells
     average many rows can be far steadier than a mean bought with half of a small ε₁, and a fit of few rows
     the reverse); "private": the private mean alone. Post-processing of released statistics and public
     numbers."""
-    own, v_fit = fit_mean_estimate(design, theta, width, bound, eps_s, cells=cells, prior_scale=rule.prior_scale)
-    v_private = 2.0 * (width / (rows * fallback.mean_epsilon)) ** 2
-    if rule.fallback_mean_weighting == "private" or not (math.isfinite(own) and math.isfinite(v_fit)):
-        weight = 1.0  # (a fit whose mean cannot be read, e.g. an ill-conditioned design, is not weighed)
-    else:  # "inverse-variance" (AutoRule checks the name)
-        weight = v_fit / (v_fit + v_private)
-    mean = private if weight == 1.0 else weight * private + (1.0 - weight) * (own + centre)
+    mean, v_fit, v_private, weight = combined_mean(design, theta, bound, width, eps_s, cells, private,
+                                                   fallback.mean_epsilon, rows, centre, rule)
     return dataclasses.replace(fallback, fit_mean_noise=math.sqrt(v_fit), private_mean_noise=math.sqrt(v_private),
                                private_mean_weight=weight), mean

@@ -93,6 +93,12 @@ class AutoRule:
     # weighted by their inverse variances (the weights that minimise the combined noise of two unbiased
     # estimates; derivation, not tuned). plots/auto/fallback-mean-validation/ checked it (docs/auto.md, "The
     # fallback's mean, on fresh folds of Crime"). "private": the private mean alone, as before
+    level_anchor_share: float = 0.0
+    # denoised with censored row priors (Q below uninformative_release, no fallback): this share of ε, taken from
+    # the release, buys a private mean of the labels, and every centre is moved by one shift so that the row
+    # priors' mean over the rows is that mean combined with the fit's own (fallback_mean_weighting's inverse
+    # variances). The labels' level then rests on statistics whose noise is known in advance, not on the
+    # residual histogram's location and noisy tails. 0: none
     target_rho: float = 0.1
     # unbiased: ε_s brings ρ down to this ...
     unbiased_statistics_shares: tuple[float, float] = (0.05, 0.1)
@@ -168,6 +174,8 @@ class AutoRule:
     # (not tuned on any run: the smallest share the rule gives a fit elsewhere, the unbiased branch's)
 
     def __post_init__(self):
+        if not 0.0 <= self.level_anchor_share < 1.0:
+            raise InputError(f"level_anchor_share must be in [0, 1), got {self.level_anchor_share!r}")
         if self.fallback_mean_weighting not in FALLBACK_MEAN_WEIGHTINGS:
             raise InputError(f"fallback_mean_weighting must be one of {FALLBACK_MEAN_WEIGHTINGS}, got "
                              f"{self.fallback_mean_weighting!r}")
@@ -245,6 +253,22 @@ class Fallback:
 
 
 @dataclasses.dataclass(frozen=True)
+class LevelAnchor:
+    """Step 4, branch denoised with censored row priors: the labels' level anchored (``rule.level_anchor_share``).
+    ``epsilon``: what the private mean cost (taken from the release); the noise standard deviations of the fit's
+    own mean and of the private mean, and the private mean's weight in the target (the rule's
+    ``fallback_mean_weighting``). Public numbers only."""
+
+    epsilon: float
+    fit_mean_noise: float
+    private_mean_noise: float
+    private_mean_weight: float
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
 class AutoPlan:
     """Every decision of the rule. Steps 1 to 3 (public numbers only) are set by :func:`plan`; step 4's fields
     (None until then, and on the calibrated branch) by the releases that read private statistics."""
@@ -268,6 +292,7 @@ class AutoPlan:
     mechanism_epsilon: float | None = None  # step 4: what the release got (release_epsilon - ε_c)
     groups: tuple[GroupClip, ...] | None = None  # step 4, unbiased only
     fallback: Fallback | None = None  # step 3, denoised: why the row priors fell back to mean-matched, else None
+    anchor: LevelAnchor | None = None  # step 4, denoised with censored row priors: the level anchored, else None
 
     def to_json(self) -> dict:
         out = {}
@@ -275,7 +300,7 @@ class AutoPlan:
             v = getattr(self, f.name)
             if isinstance(v, float) and math.isnan(v):
                 v = None
-            elif isinstance(v, (FitChoice, Calibration, Fallback)):
+            elif isinstance(v, (FitChoice, Calibration, Fallback, LevelAnchor)):
                 v = v.to_json()
             elif isinstance(v, tuple):
                 v = [g.to_json() for g in v]
