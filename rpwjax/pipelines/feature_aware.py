@@ -199,8 +199,13 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret,
     the fit's own by their known noise variances (:func:`fallback_mean`; then clipped to the range): the
     labels' overall level then rests on statistics whose noise is known in advance, not on the unreadable
     histogram's location. Then the ε₁-DP residual histogram around the centres (with what is
-    left of ε₁). Spent: ε_s + ε₁ + ε_c; the release gets
-    ``plan.mechanism_epsilon`` = ε - ε_s - ε₁ - ε_c. Every release is recorded in ``accounting``, if given."""
+    left of ε₁). With censored row priors and ``rule.level_anchor_share`` above 0, that share of ε (ε_a, taken
+    from the release) buys an ε_a-DP mean of the labels (purpose "level-anchor"), combined with the fit's own by
+    their known noise variances (:func:`combined_mean`), and the centres are moved, all by one shift, until
+    the censored row priors average to it (:func:`anchored_centres`): the labels' level then rests on
+    statistics whose noise is known in advance, not on the histogram's location and noisy tails. Spent:
+    ε_s + ε₁ + ε_c + ε_a; the release gets ``plan.mechanism_epsilon`` = ε - ε_s - ε₁ - ε_c - ε_a. Every
+    release is recorded in ``accounting``, if given."""
     width, eps_s = hi - lo, p.statistics_epsilon
     fit, cells = linear_fit_choice(design, bound, width, eps_s, rule)
     if fit.estimator == "cells":
@@ -283,15 +288,16 @@ def anchored_centres(prior: LinearResidualPrior, lo: float, hi: float, target: f
     lo, hi = float(lo), float(hi)
     m = np.asarray(prior.centres, np.float64)
     target = min(max(float(target), lo), hi)
-    step = (hi - lo) / int(rule.levels)
+    count = int(rule.levels)
+    step = (hi - lo) / count
+    levels = np.clip(lo + step * np.arange(count + 1), lo, hi)  # the release's levels, lo + step·k clipped
+    priors = censored_priors(prior.edges, prior.mass, levels, lo, hi)  # each level's prior, once
+    mass = np.asarray(priors.mass)
+    means = np.sum(mass * 0.5 * (np.asarray(priors.left) + np.asarray(priors.right)), axis=-1) / mass.sum(-1)
 
-    def level_mean(delta: float) -> float:
-        c = np.clip(m + delta, lo, hi)
-        levels, counts = np.unique(np.clip(lo + step * np.rint((c - lo) / step), lo, hi), return_counts=True)
-        priors = censored_priors(prior.edges, prior.mass, levels, lo, hi)
-        mass = np.asarray(priors.mass)
-        means = np.sum(mass * 0.5 * (np.asarray(priors.left) + np.asarray(priors.right)), axis=-1) / mass.sum(-1)
-        return float(counts @ means) / m.size
+    def level_mean(delta: float) -> float:  # rows counted per level: O(n), no sort
+        index = np.rint((np.clip(m + delta, lo, hi) - lo) / step).astype(np.int64)
+        return float(np.bincount(index, minlength=count + 1) @ means) / m.size
 
     low, high = lo - float(m.max()), hi - float(m.min())  # beyond these every centre is at an end of the range
     for _ in range(60):
