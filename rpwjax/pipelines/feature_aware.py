@@ -24,7 +24,8 @@ from rpwjax.accounting import Accounting
 from rpwjax.errors import check_choice
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import entry
-from rpwjax.pipelines.linear_prior import LinearResidualPrior, linear_centres, residual_prior_around
+from rpwjax.pipelines.linear_prior import (LinearResidualPrior, centre_levels, level_index, linear_centres,
+                                          residual_prior_around)
 from rpwjax.pipelines.residuals import censored_priors
 from rpwjax.pipelines.rule import (BRANCHES, DEFAULT_RULE, AutoPlan, AutoRule, Calibration, Fallback, FitChoice,
                                    LevelAnchor)
@@ -289,15 +290,12 @@ def anchored_centres(prior: LinearResidualPrior, lo: float, hi: float, target: f
     m = np.asarray(prior.centres, np.float64)
     target = min(max(float(target), lo), hi)
     count = int(rule.levels)
-    step = (hi - lo) / count
-    levels = np.clip(lo + step * np.arange(count + 1), lo, hi)  # the release's levels, lo + step·k clipped
-    priors = censored_priors(prior.edges, prior.mass, levels, lo, hi)  # each level's prior, once
+    priors = censored_priors(prior.edges, prior.mass, centre_levels(count, lo, hi), lo, hi)  # each level's, once
     mass = np.asarray(priors.mass)
     means = np.sum(mass * 0.5 * (np.asarray(priors.left) + np.asarray(priors.right)), axis=-1) / mass.sum(-1)
 
     def level_mean(delta: float) -> float:  # rows counted per level: O(n), no sort
-        index = np.rint((np.clip(m + delta, lo, hi) - lo) / step).astype(np.int64)
-        return float(np.bincount(index, minlength=count + 1) @ means) / m.size
+        return float(np.bincount(level_index(m + delta, count, lo, hi), minlength=count + 1) @ means) / m.size
 
     low, high = lo - float(m.max()), hi - float(m.min())  # beyond these every centre is at an end of the range
     for _ in range(60):

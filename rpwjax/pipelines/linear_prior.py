@@ -105,8 +105,7 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
     zeta = float(choose_zeta(histogram_prior(prior.edges, prior.mass), eps2)[0])
     centres = prior.centres
     if levels is not None:
-        step = (hi - lo) / int(levels)
-        centres = np.clip(lo + step * np.rint((centres - lo) / step), lo, hi)
+        centres = centre_levels(levels, lo, hi)[level_index(centres, levels, lo, hi)]
         unique, inverse = np.unique(centres, return_inverse=True)
         level_priors = row_priors(prior.edges, prior.mass, unique, lo, hi)  # a row's prior is its level's
         fitted = fit_rpwithprior_per_row(level_priors, zeta, eps2)
@@ -129,6 +128,21 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
     noisy = release(params, secret.child("release"), labels, accounting=accounting)
     return posterior_mean_per_row(params, priors, noisy), {"zeta": zeta, "denoised": True, "row_prior": row_prior,
                                                            "release": sidecar_fields(params)}
+
+
+def centre_levels(levels: int, lo: float, hi: float) -> np.ndarray:
+    """The ``levels`` + 1 public levels the denoised release rounds centres to: lo + k·(hi - lo)/levels,
+    k = 0 .. levels, clipped to [lo, hi]."""
+    lo, hi = float(lo), float(hi)
+    return np.clip(lo + (hi - lo) / int(levels) * np.arange(int(levels) + 1), lo, hi)
+
+
+def level_index(centres, levels: int, lo: float, hi: float) -> np.ndarray:
+    """Each centre's nearest level of :func:`centre_levels` (its index), centres clipped to [lo, hi] first."""
+    lo, hi = float(lo), float(hi)
+    step = (hi - lo) / int(levels)
+    index = np.rint((np.clip(np.asarray(centres, np.float64), lo, hi) - lo) / step).astype(np.int64)
+    return np.clip(index, 0, int(levels))
 
 
 ROW_PRIORS = ("truncated", "censored", "mean-matched")

@@ -289,7 +289,7 @@ class AutoPlan:
     # or where the residual histogram cannot be read (fallback)
     fit: FitChoice | None = None  # step 4
     calibration: Calibration | None = None  # step 4, denoised only
-    mechanism_epsilon: float | None = None  # step 4: what the release got (release_epsilon - ε_c)
+    mechanism_epsilon: float | None = None  # step 4: what the release got (release_epsilon - ε_c - ε_a)
     groups: tuple[GroupClip, ...] | None = None  # step 4, unbiased only
     fallback: Fallback | None = None  # step 3, denoised: why the row priors fell back to mean-matched, else None
     anchor: LevelAnchor | None = None  # step 4, denoised with censored row priors: the level anchored, else None
