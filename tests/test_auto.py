@@ -27,6 +27,11 @@ def _feature_prior(design, bound, y, p, secret, rule=RULE):
     return prior, planned.mechanism_epsilon, recorded["calibration"], recorded["fit"]
 
 
+def _anchor_epsilon(p, rule=RULE):
+    """What the level anchor takes from the release under ``rule`` for the plan ``p`` (denoised, censored priors)."""
+    return rule.level_anchor_share * p.epsilon if p.branch == "denoised" and p.row_prior == "censored" else 0.0
+
+
 def _data(rng, n):
     x = rng.normal(size=(n, 4))
     y = np.clip(2.0 + 0.9 * x[:, 0] - 0.5 * x[:, 1] + 0.4 * np.sin(2 * x[:, 2]) + 0.3 * rng.normal(size=n), LO, HI)
@@ -333,17 +338,23 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
     public = auto.plan(eps, rows, design.shape[1] - 1, bound, HI - LO).to_json()  # steps 1 to 3: step 4 unset
     step_4 = {k for k, v in public.items() if v is None and plan[k] is not None}
     assert {k: v for k, v in plan.items() if k not in step_4} == {k: v for k, v in public.items() if k not in step_4}
+    # the level anchor: on the denoised branch with censored row priors (the default rule's share)
+    anchored = branch == "denoised" and plan["row_prior"] == "censored" and RULE.level_anchor_share > 0
     assert step_4 == ({"fit", "mechanism_epsilon"} | {"denoised": {"calibration"}, "unbiased": {"groups"}}[branch]
-                      if branch != "calibrated" else set())
+                      | ({"anchor"} if anchored else set()) if branch != "calibrated" else set())
     assert plan["branch"] == branch and record["per_label_epsilon"] == record["epsilon"] == eps
     assert record["pipeline"] == "auto"
     account = Accounting.from_json(record)
     releases = [s for s in account.spends if s.purpose == "release"]
-    # every label leaves once, through the release path, with the plan's ε₂ less what a calibration took
+    # every label leaves once, through the release path, with the plan's ε₂ less what a calibration and the
+    # level anchor took
     eps_c = sum(spends(record, "slope"))
     assert spends(record, "slope") == ([eps_c] if eps_c > 0 else [])
+    eps_a = RULE.level_anchor_share * eps if anchored else 0.0
+    assert spends(record, "level-anchor") == ([eps_a] if anchored else [])
+    assert (plan["anchor"] or {}).get("epsilon", 0.0) == eps_a
     for s in releases:
-        assert s.epsilon == pytest.approx(plan["release_epsilon"] - eps_c, abs=1e-15)
+        assert s.epsilon == pytest.approx(plan["release_epsilon"] - eps_c - eps_a, abs=1e-15)
         assert plan["mechanism_epsilon"] == (s.epsilon if branch != "calibrated" else None)
     if branch == "unbiased":  # one release per centre group, over that group's rows
         groups = account.part_sizes["centre-groups"]
@@ -353,7 +364,8 @@ def test_auto_accounting_branch_and_one_release_per_label(rows, eps, branch, rng
     if branch == "denoised":
         calibration = record["auto"]["plan"]["calibration"]
         assert calibration["epsilon"] == eps_c in (0.0, RULE.calibration_share * eps)
-        assert (eps_c > 0) == (calibration["signal_to_noise"] < RULE.calibrate_below)
+        assert calibration["below"] >= RULE.calibrate_below  # the noise law's quantile can only raise it
+        assert (eps_c > 0) <= (calibration["signal_to_noise"] < calibration["below"])
         assert record["row_prior"] == plan["row_prior"]  # the release uses the row prior the plan names
     else:
         assert eps_c == 0.0
@@ -488,7 +500,7 @@ def test_calibration_is_skipped_where_its_slope_is_too_noisy_to_help(rng, monkey
     for seed in range(12):
         before = len(paid)
         prior, eps2, calibration, _ = _feature_prior(design, bound, y, p, Secret.from_seed(seed).for_epsilon(0.1))
-        if calibration["signal_to_noise"] >= RULE.calibrate_below:
+        if calibration["signal_to_noise"] >= calibration["below"]:
             assert calibration["slope_noise"] is None and len(paid) == before
             continue
         worth = feature_aware.slope_is_worth_it(calibration["signal_to_noise"], calibration["slope_noise"])
@@ -496,8 +508,70 @@ def test_calibration_is_skipped_where_its_slope_is_too_noisy_to_help(rng, monkey
         if not worth:
             skipped += 1
             assert calibration["slope_noise"] >= RULE.slope_noise_below
-            assert calibration["epsilon"] == 0.0 and calibration["slope"] == 1.0 and eps2 == p.release_epsilon
+            assert calibration["epsilon"] == 0.0 and calibration["slope"] == 1.0
+            assert eps2 == pytest.approx(p.release_epsilon - _anchor_epsilon(p), abs=1e-15)
     assert skipped >= 3
+
+
+@pytest.mark.parametrize("estimator", ["sums", "cells"])
+def test_the_noise_law_of_the_fits_energy_is_its_own(rng, estimator):
+    """fit_noise_ratio_quantile is the law of E/N for the released fit itself: with labels independent of the
+    features (and centred on the range's middle, so the intercept carries nothing), about a tenth of 300 real
+    ε-DP fits, each with its own secret, have E/N above the law's 0.9 quantile and about half above its
+    median (binomial bounds of about 3.5 standard deviations). The law is heavy-tailed: its 0.999 quantile is
+    many times its mean of 1."""
+    from rpwjax.pipelines.statistics import (fit_noise_ratio_quantile, fit_signal_to_noise, median_cells,
+                                             private_cell_fit, private_linear_fit)
+
+    n, eps = 2000, 0.05
+    x = rng.normal(size=(n, 8 if estimator == "sums" else 2))
+    y = LO + (HI - LO) * rng.uniform(size=n)
+    design, bound = public_design(x, x.shape[1])
+    cells = median_cells(design[:, 1:], design.shape[1] - 1) if estimator == "cells" else None
+    law = {q: fit_noise_ratio_quantile(design, HI - LO, bound, eps, q, cells=cells) for q in (0.5, 0.9, 0.999)}
+    assert law[0.5] < 1.0 < law[0.9] and law[0.999] > 4.0
+    assert fit_noise_ratio_quantile(design, HI - LO, bound, eps, 0.9, cells=cells) == law[0.9]  # a fixed public seed
+    ratios = []
+    for seed in range(300):
+        secret = Secret.from_seed(seed)
+        if cells is None:
+            theta, _ = private_linear_fit(design, y, LO, HI, eps, secret, bound=bound)
+        else:
+            theta, _ = private_cell_fit(design, y, LO, HI, eps, secret, cells=cells)
+        ratios.append(fit_signal_to_noise(design, theta, HI - LO, bound, eps, cells=cells) + 1.0)
+    above = {q: np.mean(np.array(ratios) > law[q]) for q in (0.5, 0.9)}
+    assert 0.40 <= above[0.5] <= 0.60 and 0.045 <= above[0.9] <= 0.16, above
+    with pytest.raises(InputError, match="quantile"):
+        fit_noise_ratio_quantile(design, HI - LO, bound, eps, 1.0, cells=cells)
+
+
+def test_the_calibration_fires_below_the_noise_laws_quantile(rng, monkeypatch):
+    """Step 4's trigger: a fit whose ratio lies above the fixed rule.calibrate_below but where noise alone could
+    have put its energy (below calibration_threshold: the noise law's rule.calibrate_noise_quantile quantile less
+    1) is calibrated; one above the threshold is kept; with the quantile at 0 the fixed ratio alone decides.
+    The plan records the threshold."""
+    x, y = _data(rng, 4000)
+    design, bound = public_design(x, RULE.components)
+    p = auto.plan(0.1, y.size, design.shape[1] - 1, bound, HI - LO)
+    assert p.branch == "denoised"
+    fit, cells = feature_aware.linear_fit_choice(design, bound, HI - LO, p.statistics_epsilon)
+    below = feature_aware.calibration_threshold(design, bound, HI - LO, p.statistics_epsilon,
+                                                feature_aware.fit_cells_of(fit, cells))
+    assert below > RULE.calibrate_below + 1.0  # heavy tails: the 0.999 quantile of E/N is well above 5
+    fixed = dataclasses.replace(RULE, calibrate_noise_quantile=0.0)
+    assert feature_aware.calibration_threshold(design, bound, HI - LO, p.statistics_epsilon, None, fixed) == \
+        RULE.calibrate_below
+    for ratio, rule, paid in ((0.5 * (RULE.calibrate_below + below), RULE, True), (below + 1.0, RULE, False),
+                              (0.5 * (RULE.calibrate_below + below), fixed, False), (1.0, fixed, True)):
+        monkeypatch.setattr(feature_aware, "fit_signal_to_noise", lambda *a, ratio=ratio, **k: ratio)
+        _, eps2, calibration, _ = _feature_prior(design, bound, y, p, Secret.from_seed(3).for_epsilon(0.1), rule)
+        assert calibration["signal_to_noise"] == ratio
+        assert calibration["below"] == pytest.approx(below if rule is RULE else RULE.calibrate_below)
+        assert (calibration["epsilon"] > 0) == paid, (ratio, rule.calibrate_noise_quantile)
+        assert eps2 == pytest.approx(p.release_epsilon - (RULE.calibration_share * 0.1 if paid else 0.0)
+                                     - _anchor_epsilon(p), abs=1e-15)
+    with pytest.raises(InputError, match="calibrate_noise_quantile"):
+        dataclasses.replace(RULE, calibrate_noise_quantile=1.0)
 
 
 def test_calibration_pulls_a_noise_fit_towards_a_constant_and_leaves_a_good_fit_alone(rng, monkeypatch):
@@ -512,31 +586,34 @@ def test_calibration_pulls_a_noise_fit_towards_a_constant_and_leaves_a_good_fit_
     p = auto.plan(0.1, y.size, design.shape[1] - 1, bound, HI - LO)
     assert p.branch == "denoised"
 
-    def centres_error(seed, below):
+    def centres_error(seed, rule):
         prior, eps2, calibration, _ = _feature_prior(design, bound, y, p, Secret.from_seed(seed).for_epsilon(0.1),
-                                                     dataclasses.replace(RULE, calibrate_below=below))
+                                                     rule)
         return float(np.mean((y - prior.centres) ** 2) - y.var()), eps2, calibration  # the error a constant adds
 
+    never = dataclasses.replace(RULE, calibrate_below=-np.inf, calibrate_noise_quantile=0.0)
     ratios, calibrated, plain = [], [], []
-    below = RULE.calibrate_below
     for seed in range(8):
-        error, eps2, calibration = centres_error(seed, below)
+        error, eps2, calibration = centres_error(seed, RULE)
         ratios.append(calibration["signal_to_noise"])
         if calibration["epsilon"] > 0:
-            assert eps2 == pytest.approx(p.release_epsilon - RULE.calibration_share * 0.1, abs=1e-15)
+            assert eps2 == pytest.approx(p.release_epsilon - RULE.calibration_share * 0.1 - _anchor_epsilon(p),
+                                         abs=1e-15)
             assert 0.0 <= calibration["slope"] <= 1.0
             calibrated.append(error)
-            plain.append(centres_error(seed, -np.inf)[0])
+            plain.append(centres_error(seed, never)[0])
     assert abs(np.mean(ratios)) < 1.5 and len(calibrated) >= 6
     assert np.mean(calibrated) < 0.5 * np.mean(plain)
-    # a well-measured fit: a large ratio, no calibration, the release keeps the plan's ε₂
+    # a well-measured fit: a large ratio, no calibration, the release keeps the plan's ε₂ (the level anchor off:
+    # it would shift the centres and take its own share)
     x, y = _data(rng, 20_000)
     design, bound = public_design(x, RULE.components)
     p = auto.plan(0.5, y.size, design.shape[1] - 1, bound, HI - LO)
-    prior, eps2, calibration, _ = _feature_prior(design, bound, y, p, Secret.from_seed(1).for_epsilon(0.5))
-    assert p.branch == "denoised" and calibration["signal_to_noise"] > 10 * RULE.calibrate_below
+    prior, eps2, calibration, _ = _feature_prior(design, bound, y, p, Secret.from_seed(1).for_epsilon(0.5),
+                                                 dataclasses.replace(RULE, level_anchor_share=0.0))
+    assert p.branch == "denoised" and calibration["signal_to_noise"] > 10 * calibration["below"]
     assert calibration == {"signal_to_noise": calibration["signal_to_noise"], "epsilon": 0.0, "slope": 1.0,
-                           "slope_noise": None}
+                           "slope_noise": None, "below": calibration["below"]}
     assert eps2 == p.release_epsilon
     theta, m = linear_prior.linear_centres(design, bound, y, LO, HI, p.statistics_epsilon,
                                               Secret.from_seed(1).for_epsilon(0.5))
@@ -545,7 +622,8 @@ def test_calibration_pulls_a_noise_fit_towards_a_constant_and_leaves_a_good_fit_
     # features that never vary: the centres are a constant, there is nothing to calibrate and nothing is paid
     _, record = auto.auto_labels(np.ones((y.size, 2)), y, LO, HI, 0.3, secret=Secret.from_seed(4))
     assert record["auto"]["plan"]["branch"] == "denoised"
-    assert record["auto"]["plan"]["calibration"] == {"signal_to_noise": None, "epsilon": 0.0, "slope": 1.0, "slope_noise": None}
+    assert record["auto"]["plan"]["calibration"] == {"signal_to_noise": None, "epsilon": 0.0, "slope": 1.0, "slope_noise": None,
+                                                     "below": None}
 
 
 def test_clipping_error_is_the_integral_under_the_histogram(rng):
@@ -667,7 +745,8 @@ def test_an_unreadable_residual_histogram_falls_back_to_a_private_mean_and_mean_
         "threshold": RULE.rows_per_noise_per_bin, "mean_epsilon": pytest.approx(RULE.fallback_mean_share * eps1),
         "fit_mean_noise": None, "private_mean_noise": None, "private_mean_weight": None}  # step 4 sets these
     assert auto.explain(x, y.size, LO, HI, 0.15)["plan"]["fallback"] == p.fallback.to_json()
-    off = dataclasses.replace(RULE, unreadable_histogram_fallback=False)
+    off = dataclasses.replace(RULE, unreadable_histogram_fallback=False, level_anchor_share=0.0)  # (no anchor: the
+    # censored priors it gives would buy their own mean)
     before = auto.plan(0.15, y.size, design.shape[1] - 1, bound, HI - LO, rule=off)
     assert before.fallback is None and before.row_prior == "censored"
     assert dataclasses.replace(before, row_prior="mean-matched", fallback=p.fallback) == p  # nothing else moves

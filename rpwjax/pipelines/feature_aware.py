@@ -29,9 +29,9 @@ from rpwjax.pipelines.linear_prior import (LinearResidualPrior, centre_levels, l
 from rpwjax.pipelines.residuals import censored_priors
 from rpwjax.pipelines.rule import (BRANCHES, DEFAULT_RULE, AutoPlan, AutoRule, Calibration, Fallback, FitChoice,
                                    LevelAnchor)
-from rpwjax.pipelines.statistics import (bounded_design, fit_mean_estimate, fit_noise_energy, fit_signal_to_noise,
-                                         median_cells, principal_scores, private_mean, private_cell_fit, private_slope,
-                                         slope_noise, winsorized_scores)
+from rpwjax.pipelines.statistics import (bounded_design, fit_mean_estimate, fit_noise_energy, fit_noise_ratio_quantile,
+                                         fit_signal_to_noise, median_cells, principal_scores, private_mean,
+                                         private_cell_fit, private_slope, slope_noise, winsorized_scores)
 from rpwjax.priors import histogram_prior
 
 
@@ -180,6 +180,26 @@ def slope_is_worth_it(signal_to_noise: float, noise: float, rule: AutoRule = DEF
     return clipped_slope_error(alpha, noise) <= (1 - alpha) ** 2
 
 
+def fit_cells_of(fit: FitChoice, cells):
+    """The cells the released fit was computed on (None for the sums' fit)."""
+    return cells if fit.estimator == "cells" else None
+
+
+def calibration_threshold(design, bound: float, width: float, eps_s: float, cells,
+                          rule: AutoRule = DEFAULT_RULE) -> float:
+    """Step 4's trigger of the calibration, a signal-to-noise ratio: the fit is calibrated below it. The larger
+    of ``rule.calibrate_below`` and q - 1, q the ``rule.calibrate_noise_quantile`` quantile of E/N when the fit
+    is pure noise (:func:`~rpwjax.pipelines.statistics.fit_noise_ratio_quantile`; the ratio is E/N - 1): the
+    fit's Laplace noise is heavy-tailed, and a fixed ratio is crossed by noise alone in about 1% of fits,
+    which then go uncalibrated however little they predict. Infinite for a design with no column that varies
+    (nothing to weigh; the ratio is infinite too). Public numbers only."""
+    if rule.calibrate_noise_quantile <= 0:
+        return float(rule.calibrate_below)
+    q = fit_noise_ratio_quantile(design, width, bound, eps_s, rule.calibrate_noise_quantile, cells=cells,
+                                 prior_scale=rule.prior_scale)
+    return max(float(rule.calibrate_below), q - 1.0)
+
+
 def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret,
                         rule: AutoRule = DEFAULT_RULE, *,
                         accounting: Accounting | None = None) -> tuple[LinearResidualPrior, AutoPlan]:
@@ -188,7 +208,7 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret,
 
     The ε_s-DP linear fit (:func:`linear_fit_choice`) gives centres m(x), clipped to the range. On the
     ``denoised`` branch, whose labels lean on the centres, a fit that may be mostly noise is calibrated: its
-    signal-to-noise ratio, read off the released fit (post-processing), below ``rule.calibrate_below`` moves
+    signal-to-noise ratio, read off the released fit (post-processing), below :func:`calibration_threshold` moves
     ε_c = ``rule.calibration_share``·ε from the release to an ε_c-DP slope α of the labels on the centred
     centres m - m̄ (:func:`~rpwjax.pipelines.statistics.private_slope`), and the centres become m̄ + α(m - m̄),
     α clipped to [0, 1]: the fit kept where it predicts, pulled to a constant where it does not; unless the
@@ -219,10 +239,12 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret,
     if p.branch == "denoised":
         noise = fit.noise_cells if fit.estimator == "cells" else fit.noise_sums  # the ratio's denominator
         snr = fit_signal_to_noise(design, theta, width, bound, eps_s, noise=noise, prior_scale=rule.prior_scale)
-        calibration = Calibration(snr if math.isfinite(snr) else None, 0.0, 1.0, None)
+        below = calibration_threshold(design, bound, width, eps_s, fit_cells_of(fit, cells), rule)
+        calibration = Calibration(snr if math.isfinite(snr) else None, 0.0, 1.0, None,
+                                  below if math.isfinite(below) else None)
         mean = float(np.mean(m))
         eps_c = rule.calibration_share * p.epsilon
-        if snr < rule.calibrate_below and np.ptp(m) > 0:
+        if snr < below and np.ptp(m) > 0:
             noise_c = slope_noise(m - mean, width, eps_c, clip_quantile=rule.slope_clip_quantile)
             calibration = dataclasses.replace(calibration, slope_noise=noise_c)
             if slope_is_worth_it(snr, noise_c, rule):
@@ -233,7 +255,7 @@ def feature_aware_prior(design, bound, y, lo, hi, p: AutoPlan, secret: Secret,
                 calibration = dataclasses.replace(calibration, epsilon=eps_c, slope=alpha)
     eps1 = p.residual_histogram_epsilon
     fallback = p.fallback
-    fit_cells = cells if fit.estimator == "cells" else None
+    fit_cells = fit_cells_of(fit, cells)
     if fallback is not None and fallback.mean_epsilon > 0:
         mean = private_mean(y, lo, hi, fallback.mean_epsilon, secret.child("fallback-mean"), accounting=accounting,
                             purpose="fallback-mean")

@@ -93,12 +93,13 @@ class AutoRule:
     # weighted by their inverse variances (the weights that minimise the combined noise of two unbiased
     # estimates; derivation, not tuned). plots/auto/fallback-mean-validation/ checked it (docs/auto.md, "The
     # fallback's mean, on fresh folds of Crime"). "private": the private mean alone, as before
-    level_anchor_share: float = 0.0
+    level_anchor_share: float = 0.1
     # denoised with censored row priors (Q below uninformative_release, no fallback): this share of ε, taken from
     # the release, buys a private mean of the labels, and every centre is moved by one shift so that the row
     # priors' mean over the rows is that mean combined with the fit's own (fallback_mean_weighting's inverse
     # variances). The labels' level then rests on statistics whose noise is known in advance, not on the
-    # residual histogram's location and noisy tails. 0: none
+    # residual histogram's location and noisy tails. 0: none. plots/auto/level-anchor-validation/ (0.1·ε against
+    # 0.05·ε and half of ε₁ on split 0's training labels first; docs/auto.md "The level anchor, on fresh folds")
     target_rho: float = 0.1
     # unbiased: ε_s brings ρ down to this ...
     unbiased_statistics_shares: tuple[float, float] = (0.05, 0.1)
@@ -116,6 +117,12 @@ class AutoRule:
     # ... and only when its noise energy is at most this of the sums'; plots/auto/cells-validation/
     calibrate_below: float = 4.0
     # denoised: below this signal-to-noise ratio the fit's slope is calibrated ...
+    calibrate_noise_quantile: float = 0.999
+    # ... and wherever the fit's energy E/N lies below this quantile of E/N under pure noise
+    # (statistics.fit_noise_ratio_quantile: the law of the fit's own Laplace noise, public): a fit is left
+    # unchecked only where noise alone would reach its energy less than once in 1,000 fits. Derivation, not
+    # tuned: the fixed ratio 4 above was crossed by noise alone in about 1% of fits (docs/auto.md,
+    # "The calibration's trigger"); 0: the fixed ratio alone ...
     calibration_share: float = 0.1
     # ... with this share of ε, taken from the release; plots/auto/calibration-validation/ (set on the fit's
     # in-sample error first; 0.05·ε was worse)
@@ -174,6 +181,8 @@ class AutoRule:
     # (not tuned on any run: the smallest share the rule gives a fit elsewhere, the unbiased branch's)
 
     def __post_init__(self):
+        if not 0.0 <= self.calibrate_noise_quantile < 1.0:
+            raise InputError(f"calibrate_noise_quantile must be in [0, 1), got {self.calibrate_noise_quantile!r}")
         if not 0.0 <= self.level_anchor_share < 1.0:
             raise InputError(f"level_anchor_share must be in [0, 1), got {self.level_anchor_share!r}")
         if self.fallback_mean_weighting not in FALLBACK_MEAN_WEIGHTINGS:
@@ -206,12 +215,15 @@ class FitChoice:
 @dataclasses.dataclass(frozen=True)
 class Calibration:
     """Step 4, branch denoised: the released fit's signal-to-noise ratio (None when infinite: a constant design),
-    the slope's noise (None where the ratio called for no slope), ε_c spent and the slope α applied (1: none)."""
+    the slope's noise (None where the ratio called for no slope), ε_c spent and the slope α applied (1: none).
+    ``below``: the ratio below which the slope is called for, the larger of ``rule.calibrate_below`` and the
+    pure-noise law's ``rule.calibrate_noise_quantile`` quantile of E/N less 1 (None for a constant design)."""
 
     signal_to_noise: float | None
     epsilon: float
     slope: float
     slope_noise: float | None
+    below: float | None = None
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

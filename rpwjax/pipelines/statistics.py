@@ -188,6 +188,47 @@ def fit_noise_energy(design, width: float, bound: float, epsilon: float, *, cell
     return float(np.trace(inverse @ middle @ inverse @ (centred.T @ centred)))
 
 
+NOISE_LAW_DRAWS = 100_000  # draws of the fit's noise behind fit_noise_ratio_quantile ...
+NOISE_LAW_SEED = 20261206  # ... from a fixed, public seed: a numerical integral of a public law, not a release
+
+
+def fit_noise_ratio_quantile(design, width: float, bound: float, epsilon: float, quantile: float, *, cells=None,
+                             prior_scale: float = DEFAULT_RULE.prior_scale,
+                             draws: int = NOISE_LAW_DRAWS) -> float:
+    """The ``quantile`` quantile of E/N when the fit is pure noise: E = ‖X̄θ‖² the energy of the ε-DP linear
+    fit's centred predictions, N its expectation under noise alone (:func:`fit_noise_energy`). Public numbers
+    only (the design, the range's width, the bound, ε, the cells): it reads no label.
+
+    The fit's noise is Laplace, so E/N is heavy-tailed: one large draw in one coordinate can carry many
+    times N (its 0.999 quantile is 7 to 20 where its mean is 1). With the labels independent of the
+    features, θ is a linear map of independent Laplace draws: G⁻¹ξ for :func:`private_linear_fit` (ξ the
+    d sums' noise, variance 2b² each), G⁻¹ZᵀΩη for :func:`private_cell_fit` (η the C cell means' noise,
+    variance 1/Ω_c each), G the ridged Gram matrix of :func:`fit_noise_energy` (the clip of the predictions to the range and
+    the rounding of the sums are left out, as N leaves them out). The quantile is
+    taken over ``draws`` draws of those coordinates from a fixed public seed (:data:`NOISE_LAW_SEED`), so the
+    same inputs give the same number."""
+    if not 0.0 < float(quantile) < 1.0:
+        raise InputError(f"quantile must lie in (0, 1), got quantile={quantile!r}")
+    design = np.asarray(design, np.float64)
+    centred = design - design.mean(axis=0)
+    gram, middle = _fit_covariance_parts(design, width, bound, epsilon, cells, prior_scale)
+    if cells is None:
+        coordinates = np.linalg.inv(gram)  # θ = G⁻¹ξ
+        scale = np.full(design.shape[1], math.sqrt(middle / 2.0))
+    else:
+        z, weight, _ = _cell_system(design, cells, float(width), float(epsilon))
+        coordinates = np.linalg.solve(gram, z.T * weight[None, :])  # θ = G⁻¹ZᵀΩη
+        scale = np.sqrt(0.5 / weight)
+    mapped = coordinates * scale[None, :]  # θ per unit Laplace draw of each coordinate
+    form = mapped.T @ (centred.T @ centred) @ mapped  # E = uᵀ·form·u, u i.i.d. Laplace of scale 1
+    expected = 2.0 * float(np.trace(form))  # E[u_i²] = 2
+    if not expected > 0:
+        return math.inf
+    u = np.random.default_rng(NOISE_LAW_SEED).laplace(size=(int(draws), form.shape[0]))
+    energy = np.einsum("ij,jk,ik->i", u, form, u)
+    return float(np.quantile(energy, float(quantile)) / expected)
+
+
 def fit_mean_estimate(design, theta, width: float, bound: float, epsilon: float, *, cells=None,
                       prior_scale: float = DEFAULT_RULE.prior_scale) -> tuple[float, float]:
     """The labels' mean as the released ε-DP linear fit estimates it, without its ridge, and that estimate's
