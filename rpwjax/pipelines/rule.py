@@ -121,8 +121,9 @@ class AutoRule:
     # ... and wherever the fit's energy E/N lies below this quantile of E/N under pure noise
     # (statistics.fit_noise_ratio_quantile: the law of the fit's own Laplace noise, public): a fit is left
     # unchecked only where noise alone would reach its energy less than once in 1,000 fits. Derivation, not
-    # tuned: the fixed ratio 4 above was crossed by noise alone in about 1% of fits (docs/auto.md,
-    # "The calibration's trigger"); 0: the fixed ratio alone ...
+    # tuned: the fixed ratio 4 above was crossed by noise alone in about 1% of fits. Validated with the level
+    # anchor on three fresh folds, plots/auto/calibration-trigger-validation/ (docs/auto.md, "The calibration's
+    # trigger, on fresh folds"); 0: the fixed ratio alone ...
     calibration_share: float = 0.1
     # ... with this share of ε, taken from the release; plots/auto/calibration-validation/ (set on the fit's
     # in-sample error first; 0.05·ε was worse)

@@ -203,10 +203,10 @@ def fit_noise_ratio_quantile(design, width: float, bound: float, epsilon: float,
     times N (its 0.999 quantile is 7 to 20 where its mean is 1). With the labels independent of the
     features, θ is a linear map of independent Laplace draws: G⁻¹ξ for :func:`private_linear_fit` (ξ the
     d sums' noise, variance 2b² each), G⁻¹ZᵀΩη for :func:`private_cell_fit` (η the C cell means' noise,
-    variance 1/Ω_c each), G the ridged Gram matrix of :func:`fit_noise_energy` (the clip of the predictions to the range and
-    the rounding of the sums are left out, as N leaves them out). The quantile is
-    taken over ``draws`` draws of those coordinates from a fixed public seed (:data:`NOISE_LAW_SEED`), so the
-    same inputs give the same number."""
+    variance 1/Ω_c each), G the ridged Gram matrix of :func:`fit_noise_energy` (the clip of the predictions to
+    the range and the rounding of the sums are left out, as N leaves them out). The quantile is taken over
+    ``draws`` draws of those coordinates from a fixed public seed (:data:`NOISE_LAW_SEED`), so the same inputs
+    give the same number."""
     if not 0.0 < float(quantile) < 1.0:
         raise InputError(f"quantile must lie in (0, 1), got quantile={quantile!r}")
     design = np.asarray(design, np.float64)
