@@ -184,9 +184,11 @@ def test_the_readme_quotes_the_committed_auto_table_and_benchmark_run():
     assert (root / "plots" / reproduce.FRESH / "auto" / "target.md").read_text() == fresh + "\n"
     assert fresh in readme and "--first-seed" in readme
     assert {j.name for j in reproduce.JOBS} >= {f"auto-fresh-{d}" for d in reproduce.FRESH_DATASETS}
-    # the unseen splits, and those judged before the rule's last change: each split's table and the summary
-    # beside them, both summaries in the README
-    for chosen, name in ((reproduce.UNSEEN_SPLITS, "summary.md"), (reproduce.EARLIER_SPLITS, "summary-splits-1-3.md")):
+    # the unseen splits, and those judged before the rule's later changes: each split's table and the summary
+    # beside them; the judged summary in the README whole, the earlier ones by their counts per data set
+    assert reproduce.SPLIT_SUMMARIES[0] == (reproduce.UNSEEN_SPLITS, "summary.md")
+    assert sorted(k for chosen, _ in reproduce.SPLIT_SUMMARIES[1:] for k in chosen) == list(reproduce.EARLIER_SPLITS)
+    for chosen, name in reproduce.SPLIT_SUMMARIES:
         splits = reproduce.split_tables(root / "plots", chosen)
         assert sorted(splits) == list(chosen)
         for k, table in splits.items():
@@ -196,7 +198,12 @@ def test_the_readme_quotes_the_committed_auto_table_and_benchmark_run():
             assert path.read_text() == reproduce.format_auto_table(table) + "\n"
         summary = reproduce.format_split_summary(splits)
         assert (root / "plots" / reproduce.SPLITS / name).read_text() == summary + "\n"
-        assert summary in readme and "--split-seed" in readme
+        if chosen == reproduce.UNSEEN_SPLITS:
+            assert summary in readme and "--split-seed" in readme
+        else:
+            counts = [line for line in summary.splitlines() if ": target met in " in line]
+            assert len(counts) == len(reproduce.AUTO_DATASETS) and all(line in readme for line in counts)
+            assert f"plots/auto-splits/{name}" in readme
     run = json.loads((root / "benchmarks" / "results" / "cpu" / "results.json").read_text())
     assert run["errors"] == [] and run["targets"]
     for target in run["targets"].values():
