@@ -49,7 +49,7 @@ UNSEEN_FIRST_SEED = 90  # ... run on seeds 90-94, never used by a validation fol
 # draws the same noise, in units of its scale, on every split: seeds 0-4 had been seen on splits 1-6)
 EARLIER_SPLITS = (1, 2, 3, 4, 5, 6)  # judged before the rule's later changes, which were made after they were seen
 # each group of splits and its summary: the judged one, then those judged before the rule's later changes
-SPLIT_SUMMARIES = (((7, 8, 9), "summary.md"), ((4, 5, 6), "summary-splits-4-6.md"),
+SPLIT_SUMMARIES = ((UNSEEN_SPLITS, "summary.md"), ((4, 5, 6), "summary-splits-4-6.md"),
                    ((1, 2, 3), "summary-splits-1-3.md"))
 # step 2 of auto's rule checked on validation folds only (held-out quarters of the training rows; no test row)
 VALIDATION_SEEDS = (777, 11, 22, 33, 44)
