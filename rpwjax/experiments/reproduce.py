@@ -10,10 +10,10 @@ paper's configuration and debiased. The combined beyond-the-paper report
 beyond-the-paper rows together, writes the rows it drew beside each figure,
 and writes the target table. Each job runs in its own process; its output goes to
 ``plots/logs/NAME.txt`` and its wall time to ``plots/logs/times.txt``
-(about 44 minutes on 2 CPU cores for the paper-setting and beyond jobs, 50 more for the
-three auto jobs, 24 more for the ten validation folds of auto's step 2 and about 60 for the replicate of
-the judged auto sweeps on fresh seeds, and auto against the six on the train/test splits 7-9 that no rule
-change was made after (and on splits 1-6, judged before the rule's later changes);
+(about 44 minutes on 2 CPU cores for the paper-setting and beyond jobs; 20-46 minutes each for the
+three auto jobs and 28-47 each for their replicate on fresh seeds, the longer times two jobs at a time;
+24 more for the ten validation folds of auto's step 2; and auto against the six on the train/test splits
+7-9 that no rule change was made after (and on splits 1-6, judged before the rule's later changes);
 :func:`auto_report` then writes ``auto/target.md``, ``auto/validation.md``, ``fresh-seeds/auto/target.md``,
 ``auto-splits/split-K/target.md`` and one summary per group of splits (:data:`SPLIT_SUMMARIES`).
 """
