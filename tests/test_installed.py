@@ -30,7 +30,8 @@ def test_installed_package_has_its_data_and_subpackages(tmp_path):
     # -X faulthandler: a native abort (SIGABRT) prints every thread's Python stack into stderr
     proc = subprocess.run([sys.executable, "-I", "-X", "faulthandler", "-c", SCRIPT], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, ("the installed rpwjax does not work from outside the source tree (install it: "
-                                  f"pip install '.[test]'):\nstdout: {proc.stdout[-300:]!r}\n{proc.stderr[-2000:]}")
+                                  f"pip install '.[test]'):\nstdout: {proc.stdout[-300:]!r}\nstderr (the threads' stacks first): "
+                                  f"{proc.stderr[:3000]}\n...\n{proc.stderr[-500:]}")
     import json
 
     info = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -134,8 +134,14 @@ def _data_bytes(filename: str) -> bytes:
     return gzip.decompress(raw) if filename.endswith(".gz") else raw
 
 
+# The bundled files are small (at most 20,640 rows), so they are parsed on the calling thread: a threaded
+# read starts pyarrow's CPU thread pool, whose idle workers can abort the process at interpreter exit
+# ("terminate called without an active exception", exit -6) after all the work is done.
+_SERIAL = pacsv.ReadOptions(use_threads=False)
+
+
 def _load_california() -> Dataset:
-    table = pacsv.read_csv(pa.BufferReader(_data_bytes("california_housing_sklearn.csv.gz")))
+    table = pacsv.read_csv(pa.BufferReader(_data_bytes("california_housing_sklearn.csv.gz")), read_options=_SERIAL)
     names = [c for c in table.column_names if c != "MedHouseVal"]
     features = np.column_stack([table[c].to_numpy() for c in names])
     labels = table["MedHouseVal"].to_numpy()
@@ -154,7 +160,7 @@ def _load_crime() -> Dataset:
     names = _crime_column_names()
     table = pacsv.read_csv(
         pa.BufferReader(_data_bytes("communities.data.gz")),
-        read_options=pacsv.ReadOptions(column_names=names),
+        read_options=pacsv.ReadOptions(column_names=names, use_threads=False),
         convert_options=pacsv.ConvertOptions(
             null_values=["?"], column_types={n: pa.string() if n == "communityname" else pa.float64() for n in names}
         ),
@@ -185,7 +191,7 @@ RANDHIE_TARGET = "mdvis"
 
 
 def _load_randhie() -> Dataset:
-    table = pacsv.read_csv(pa.BufferReader(_data_bytes("randhie.csv.gz")))
+    table = pacsv.read_csv(pa.BufferReader(_data_bytes("randhie.csv.gz")), read_options=_SERIAL)
     names = [c for c in table.column_names if c != RANDHIE_TARGET]
     features = np.column_stack([table[c].to_numpy().astype(np.float64) for c in names])
     labels = table[RANDHIE_TARGET].to_numpy().astype(np.float64)
