@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
@@ -534,5 +535,29 @@ def _main(argv) -> int:
         interrupts.set_label("rpwjax")
 
 
+def entry(argv=None):
+    """The ``rpwjax`` command: :func:`main`, then stdout and stderr flushed and the process ended with its code.
+
+    It ends with ``os._exit``, skipping the interpreter's teardown: after the work is done, that teardown
+    can still abort natively (exit -6) while native worker threads are alive (pyarrow's CPU pool, started
+    by any threaded read, and XLA's), turning a finished run into a failed one. Nothing is lost by skipping
+    it: when :func:`main` returns, every output has been written, closed and renamed into place, the
+    stream workers are idle, and no atexit hook of the package holds data.
+    """
+    try:
+        code = main(argv)
+    except SystemExit as exc:  # main returns its codes; a command that calls sys.exit still ends here
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - RPWJAX_DEBUG re-raises: the traceback, then exit 1
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that went away (rpwjax ... | head): nothing left to deliver
+            pass
+    os._exit(code if isinstance(code, int) else 1)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -5,6 +5,7 @@ randomness does not matter to the test use fresh OS entropy (no key option).
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -276,6 +277,44 @@ def test_console_script_runs(files):
                            "1", "--mechanism", "rpwithprior", "--epsilon", "1", "--json"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert json_lines(proc.stdout)[0]["mechanism"] == "rpwithprior"
+
+
+ENTRY = """
+import atexit, sys
+atexit.register(lambda: sys.stderr.write("teardown ran\\n"))
+from rpwjax.cli import entry
+entry(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("case", ["help", "bad command line", "missing input", "privatize"])
+def test_the_command_delivers_its_output_and_code_and_skips_the_teardown(files, tmp_path, case):
+    # the console entry ends with os._exit (a native thread pool alive at interpreter teardown can abort a finished
+    # run); its buffered output must still arrive in full, with main's exit code, and the teardown must not run
+    d, table = files
+    privatize = ["privatize", str(d / "t.csv"), "-o", "out.csv", "--label-column", "value", "--range", "0", "1",
+                 "--mechanism", "laplace", "--epsilon", "1", "--key-file", str(d / "key")]
+    argv, code = {"help": (["--help"], 0), "bad command line": (["fit", "--labels"], 2),
+                  "missing input": (["privatize", "missing.csv", *privatize[2:]], 2), "privatize": (privatize, 0)}[case]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout block-buffered, as in a pipe
+    proc = subprocess.run([sys.executable, "-c", ENTRY, *argv], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert proc.returncode == code, proc.stderr
+    assert "teardown ran" not in proc.stderr
+    if case == "help":  # the whole help, down to its last line
+        assert proc.stdout.startswith("usage: rpwjax") and "--version" in proc.stdout and proc.stdout.endswith("\n")
+    elif case == "privatize":  # every row written and closed
+        assert pacsv.read_csv(tmp_path / "out.csv").num_rows == table.num_rows
+    else:
+        assert proc.stderr.startswith(("rpwjax", "usage:")), proc.stderr
+        assert case != "missing input" or "not found: 'missing.csv'" in proc.stderr, proc.stderr
+        assert not (tmp_path / "out.csv").exists()
+
+
+def test_the_installed_command_is_that_entry():
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "rpwjax"]
+    assert script.value == "rpwjax.cli:entry"
 
 
 @pytest.mark.slow
