@@ -184,9 +184,8 @@ def test_the_readme_quotes_the_committed_auto_table_and_benchmark_run():
     assert (root / "plots" / reproduce.FRESH / "auto" / "target.md").read_text() == fresh + "\n"
     assert fresh in readme and "--first-seed" in readme
     assert {j.name for j in reproduce.JOBS} >= {f"auto-fresh-{d}" for d in reproduce.FRESH_DATASETS}
-    # the unseen splits, the rerun ones and those judged before the rule's later changes: each split's table
-    # and the summary beside them; the judged and the rerun summaries in the README whole, the earlier ones by
-    # their counts per data set in docs/auto.md
+    # the unseen splits and the rerun ones: each split's table and the summary beside them; in the README the
+    # judged summary and the first rerun group's whole, the other rerun groups by their counts per data set
     assert reproduce.SPLIT_SUMMARIES[0] == (reproduce.UNSEEN_SPLITS, "summary.md")
     assert {j.name for j in reproduce.JOBS} >= {f"auto-split-{k}-{d}" for chosen, _ in reproduce.SPLIT_SUMMARIES
                                                 for k in chosen for d in reproduce.AUTO_DATASETS}
@@ -200,13 +199,12 @@ def test_the_readme_quotes_the_committed_auto_table_and_benchmark_run():
             assert path.read_text() == reproduce.format_auto_table(table) + "\n"
         summary = reproduce.format_split_summary(splits)
         assert (root / "plots" / reproduce.SPLITS / name).read_text() == summary + "\n"
-        if chosen in (reproduce.UNSEEN_SPLITS, reproduce.RERUN_SPLITS):  # the README shows these whole
+        counts = [line for line in summary.splitlines() if ": target met in " in line]
+        assert len(counts) == len(reproduce.AUTO_DATASETS) and all(line in readme for line in counts), name
+        if chosen in (reproduce.UNSEEN_SPLITS, reproduce.RERUN_SPLITS[0]):  # the README shows these whole
             assert summary in readme and "--split-seed" in readme
-        else:  # judged on an earlier rule: the counts are history, kept in docs/auto.md (the README points there)
-            history = (root / "docs" / "auto.md").read_text()
-            counts = [line for line in summary.splitlines() if ": target met in " in line]
-            assert len(counts) == len(reproduce.AUTO_DATASETS) and all(line in history for line in counts)
-            assert f"plots/auto-splits/{name}" in readme and f"plots/auto-splits/{name}" in history
+        else:  # the other rerun groups by their counts (above) and the summary's path
+            assert f"plots/auto-splits/{name}" in readme
     run = json.loads((root / "benchmarks" / "results" / "cpu" / "results.json").read_text())
     assert run["errors"] == [] and run["targets"]
     for target in run["targets"].values():
