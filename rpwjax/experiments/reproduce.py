@@ -14,7 +14,7 @@ and writes the target table. Each job runs in its own process; its output goes t
 three auto jobs and 28-47 each for their replicate on fresh seeds, the longer times two jobs at a time;
 24 more for the ten validation folds of auto's step 2; and auto against the six on the train/test splits
 7-9 that no rule change was made after and on splits 1-6 (seen before the rule's later changes, rerun on the
-frozen rule), 11-31 minutes per split and data set, two jobs at a time;
+frozen rule), 11-57 minutes per split and data set, two to six processes at a time;
 :func:`auto_report` then writes ``auto/target.md``, ``auto/validation.md``, ``fresh-seeds/auto/target.md``,
 ``auto-splits/split-K/target.md`` and one summary per group of splits (:data:`SPLIT_SUMMARIES`).
 """
