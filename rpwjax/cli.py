@@ -200,6 +200,11 @@ def cmd_curves(args) -> int:
         configs=tuple(dict.fromkeys(args.config)),
     )
     print("\n".join(sweep_to(split, config, args.out, progress=not args.quiet)))
+    if args.data is not None:  # with the results (an error stays one line); even with --quiet
+        print("rpwjax curves: warning: an experiment, not a release: test and label MSE are measured against the "
+              "true labels, a non-private model may join them, and the noise comes from integer seeds, so "
+              "results.csv and the plots are not private (publish them only where the labels may be)",
+              file=sys.stderr)
     return 0
 
 
@@ -384,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("curves", help="privacy-utility sweep: train MLPs on privatized labels, plot test MSE against epsilon")
     p.add_argument("--dataset", choices=list(DATASETS), default=None)
-    p.add_argument("--data", default=None, help="your own .csv/.parquet (numeric feature columns + label column)")
+    p.add_argument("--data", default=None, help="your own .csv/.parquet (numeric feature columns + label column); "
+                   "the results are measured on its true labels and are not private")
     _add_feature_options(p, "with --data: ")
     p.add_argument("--label-column", default=None)
     p.add_argument("--range", nargs=2, type=float, metavar=("LO", "HI"), help="public label range (with --data)")

@@ -159,6 +159,10 @@ class Secret:
         parameters and the purpose of each draw (:meth:`stream_key`).
         """
         rid = check_release_id(release_id)
+        if rid in self._material.hex():
+            # e.g. `--release-id "$(cat KEYFILE)"`: an id is public (every sidecar and ledger line carries it)
+            raise InputError("the release id is (part of) the secret's key material: a release id is public, written "
+                             "to every sidecar and ledger line; give back the release_id a sidecar records")
         tag = "release/" + rid + "/" + canonical_json(identity)
         return Secret(self._digest(tag, ()), reproducible=self.reproducible, release_id=rid)
 

@@ -114,6 +114,18 @@ class ReleaseRun:
     def release_id(self) -> str:
         return self.secret.release_id
 
+    def fit_secret(self) -> Secret:
+        """The secret of a fit of this run's own labels (its private histogram).
+
+        Keyed by the rows the fit reads: the first shard of a release (row offset 0) fits from
+        ``secret.child("fit")``; another shard (``--row-offset``) from a key of its offset and its
+        input's SHA-256 too. So shards of one release never share histogram noise (their difference
+        would cancel it), and a reproduction, the same input at the same offset, refits with the same."""
+        offset = int(self._fields["row_offset"])
+        if offset == 0:
+            return self.secret.child("fit")
+        return self.secret.child("fit", offset, int(self._fields["input"]["sha256"][:16], 16))
+
     def start(self, epsilon: float, delta: float = 0.0, **extra) -> "ReleaseRun":
         self.record = ledger.new_record(release_id=self.release_id, rows=None, epsilon=epsilon, delta=delta,
                                         key_fingerprint=key_fingerprint(self.root),
@@ -379,7 +391,7 @@ def fit_file(labels_path, options: FitOptions, *, label_column=None, encoding=No
     labels = read_labels(labels_path, label_column, encoding=encoding, check=(lo, hi, options.clip))
     epsilon = options.epsilon
     epsilon = epsilon[0] if not np.isscalar(epsilon) and len(epsilon) == 1 else epsilon
-    records = options.fit(labels, epsilon, run.secret.child("fit")).records()
+    records = options.fit(labels, epsilon, run.fit_secret()).records()
     # what leaves a fit is its private histogram(s): epsilon_1 per epsilon, spent on these labels
     run.start(sum(float(r["epsilon_prior"]) for r in records), mechanism=options.mechanism)
     for r in records:
@@ -489,7 +501,7 @@ def privatize_file(
     if record.get("prior", {}).get("kind") in ("empirical", "histogram"):  # no accounted release behind the prior
         record = dict(record, prior_is_public="asserted by the user (--prior-is-public): the guarantee holds only if "
                                               "the prior is public")
-    # the release draws from secret.child("release"); an inline fit from secret.child("fit")
+    # the release draws from secret.child("release"); an inline fit from run.fit_secret()
     sidecar = release_file(input_path, output_path, label_column=label_column, params=params, secret=run.secret,
                            record=record, chunk_rows=chunk_rows, clip=clip, progress=progress, row_offset=row_offset,
                            encoding=encoding, before_commit=lambda rows: _finish(run, rows, record, inline=inline),
@@ -556,7 +568,7 @@ def _inline_release(input_path, options: FitOptions, run: ReleaseRun, prior_is_p
     with progress_bar(source, "read labels", enabled=progress) as bar:
         labels = read_labels(input_path, label_column, encoding=encoding, check=(lo, hi, options.clip), bar=bar)
     # the histogram noise (if any) and the release draw from independent keys derived from the secret
-    result = options.fit(labels, options.epsilon, run.secret.child("fit"), spend_prior=denoise == "posterior")
+    result = options.fit(labels, options.epsilon, run.fit_secret(), spend_prior=denoise == "posterior")
     record = result.records()[0]
     run.record["delta"] = float(record["delta"])
     return result.params, record, result.prior_for(0)

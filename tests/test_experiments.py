@@ -121,8 +121,11 @@ def test_curves_on_unseen_user_data(tmp_path, capsys):
     code = cli.main(["curves", "--data", str(tmp_path / "mine.csv"), "--label-column", "target", "--range", "0", "20",
                      "--mechanisms", "rpwithprior", "rr-on-bins", "--epsilon", "1", "--seeds", "1", "--epochs", "2",
                      "--split-seed", "2", "--out", str(tmp_path / "out"), "--quiet"])
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert code == 0
+    # an experiment on the user's own labels says, even with --quiet, that its results are not private
+    assert "rpwjax curves: warning: an experiment, not a release" in captured.err and "not private" in captured.err
     assert (tmp_path / "out" / "results.csv").exists() and (tmp_path / "out" / "mine_curves.png").exists()
     assert "rpwithprior" in out and "non-private floor" in out and "on split seed 2" in out
     rows = pacsv.read_csv(tmp_path / "out" / "results.csv").to_pylist()

@@ -268,6 +268,69 @@ def test_reproducing_a_release_counts_once(files, tmp_path, capsys):
     assert code == 2 and "32 to 64 hex characters" in err
 
 
+def test_shards_that_fit_their_own_labels_never_share_histogram_noise(files, tmp_path, capsys):
+    """Two shards of one release, each fitting a private prior on its own rows: shards with the same true histogram
+    still publish different ones (shared noise would cancel in their difference), and a shard given back reproduces."""
+    d, a, _ = files
+    first = write_table(tmp_path / "first.csv", a[:2000])
+    other = a[:2000].copy()
+    other[0] += 1e-9  # another file (the ledger refuses the same bytes as a second shard) with the same 32-bin counts
+    assert np.floor(other[0] * 32) == np.floor(a[0] * 32)
+    write_table(tmp_path / "second.csv", other)
+    args = ["--mechanism", "rpwithprior", "--epsilon", "1", "--ledger", tmp_path / "book.jsonl"]
+    privatize(capsys, first, tmp_path / "s1.csv", d / "key", *args)
+    rid = sidecar(tmp_path / "s1.csv")["release_id"]
+    shard = ["--release-id", rid, "--row-offset", "2000"]
+    privatize(capsys, tmp_path / "second.csv", tmp_path / "s2.csv", d / "key", *args, *shard)
+    again = privatize(capsys, tmp_path / "second.csv", tmp_path / "s2-again.csv", d / "key", *args, *shard)
+    masses = [np.asarray(sidecar(tmp_path / f)["prior"]["masses"]) for f in ("s1.csv", "s2.csv", "s2-again.csv")]
+    assert sidecar(tmp_path / "s2.csv")["release_id"] == rid
+    assert np.sum(np.abs(masses[0] - masses[1]) > 1e-12) > 4
+    np.testing.assert_array_equal(masses[1], masses[2])
+    np.testing.assert_array_equal(labels_of(tmp_path / "s2.csv"), again)
+
+
+def test_privatize_table_on_other_features_is_another_release(files, tmp_path, capsys):
+    """privatize-table's identity includes the feature columns asked for: given back for other features, an id is
+    refused as other settings (nothing written), never taken for a reproduction that the ledger would count once."""
+    d, a, _ = files
+    rng = np.random.default_rng(31)
+    src = tmp_path / "table.csv"
+    pacsv.write_csv(pa.table({"x1": rng.normal(size=800), "x2": rng.normal(size=800), "y": a[:800]}), src)
+    book = tmp_path / "book.jsonl"
+
+    def table(out, *options):
+        return run(["privatize-table", src, "-o", tmp_path / out, "--label-column", "y", "--range", LO, HI,
+                    "--epsilon", "1", "--pipeline", "linear-prior", "--key-file", d / "key", "--ledger", book,
+                    "--quiet", *options], capsys)
+
+    code, _, err = table("both.csv", "--features", "x1", "x2")
+    assert code == 0, err
+    rid = sidecar(tmp_path / "both.csv")["release_id"]
+    code, _, err = table("one.csv", "--features", "x1", "--release-id", rid)
+    assert code == 2 and "already used" in err, err
+    assert not (tmp_path / "one.csv").exists() and not (tmp_path / "one.csv.json").exists()
+    code, _, err = table("again.csv", "--features", "x1", "x2", "--release-id", rid)
+    assert code == 0, err
+    np.testing.assert_array_equal(labels_of(tmp_path / "again.csv"), labels_of(tmp_path / "both.csv"))
+    (group,) = ledger.summaries(ledger.read(book))
+    assert group["epsilon_total"] == 1.0 and len(group["releases"]) == 1
+
+
+def test_the_key_itself_is_refused_as_a_release_id(files, tmp_path, capsys):
+    d, _, _ = files
+    key_hex = (d / "key").read_text().strip()
+    for rid in (key_hex, key_hex[:32], key_hex[16:56].upper()):
+        code, out, err = run(["privatize", d / "day1.csv", "-o", tmp_path / "k.csv", "--label-column", "y", "--range",
+                              LO, HI, "--key-file", d / "key", "--quiet", "--mechanism", "laplace", "--epsilon", "1",
+                              "--release-id", rid], capsys)
+        assert code == 2 and "key material" in err, err
+        assert key_hex[:16] not in out + err and key_hex[:16].upper() not in out + err
+        assert not (tmp_path / "k.csv").exists()
+    with pytest.raises(rpwjax.InputError, match="key material"):
+        Secret.from_file(d / "key").for_release(key_hex)
+
+
 def _append_many(path, worker, count):
     for i in range(count):
         record = ledger.new_record(release_id=f"{worker:016x}{i:016x}", command="privatize",

@@ -103,6 +103,24 @@ class _Steps:
             bar.close()
 
 
+def release_settings(pipeline: str, epsilon, range, epochs, clip: bool, features=None, exclude=None,
+                     encoding=None) -> dict:
+    """The settings that make a ``privatize-table`` release what it is (its identity and its ledger digest).
+
+    The feature columns asked for (``features`` / ``exclude``) and the encoding join only when given, so a
+    release on the default choice keeps the identity it always had, and one on other features is another
+    release: its noise is independent, and giving its id back is refused as other settings, not taken for a
+    reproduction."""
+    settings = {"pipeline": pipeline, "epsilon": float(epsilon), "range": [float(v) for v in range],
+                "epochs": epochs, "clip": clip}
+    for name, value in (("features", features), ("exclude", exclude)):
+        if value is not None:
+            settings[name] = [str(v) for v in value]
+    if encoding is not None:
+        settings["encoding"] = str(encoding)
+    return settings
+
+
 def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi: float, epsilon: float,
                     pipeline: str = "auto", secret: Secret, clip: bool = False, encoding=None,
                     epochs: int | None = None, release_id: str | None = None, before_commit=None,
@@ -122,8 +140,7 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
     eps = float(check_epsilon(epsilon))
     lo, hi = check_range(lo, hi)
     secret = bind_release(secret, release_id, command="privatize-table", label_column=label_column,
-                          settings={"pipeline": pipeline, "epsilon": eps, "range": [lo, hi], "epochs": epochs,
-                                    "clip": clip})
+                          settings=release_settings(pipeline, eps, (lo, hi), epochs, clip, features, exclude, encoding))
     kind = file_kind(output_path, what="output file")
     file_kind(input_path, what="input file")
     if Path(input_path).resolve() == Path(output_path).resolve():
@@ -203,8 +220,7 @@ def privatize_table_file(input_path, output_path, *, label_column: str, range, e
                   inputs=[input_path, key_file, ledger_path(ledger, key_file)])
     check_range(*range)
     # the same identity privatize_table binds an unbound secret to, so that the Python call reproduces this release
-    settings = {"pipeline": pipeline, "epsilon": float(epsilon), "range": [float(v) for v in range],
-                "epochs": epochs, "clip": clip}
+    settings = release_settings(pipeline, epsilon, range, epochs, clip, features, exclude, encoding)
     run = open_release(command="privatize-table", input_path=input_path, label_column=label_column,
                        settings=settings, key_file=key_file, seed=seed, release_id=release_id, ledger_file=ledger,
                        budget=budget, report=warn)
