@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     # the fits first, then the releases by growing n: a run cut short loses only the largest
     groups = [g for g in groups if g.family != "sampling"] + [g for g in groups if g.family == "sampling"]
     results = report.run_plan(plan, out, cache_dir=out / "cache", groups=groups, budget_s=args.budget,
-                              plots=not args.no_plots, progress=False)
+                              plots=not args.no_plots, progress=False, checkpoint=True)
     print(report.summary(results))
     for c in results["cases"]:
         print(f"  {c['family']:16s} {c['name']:22s} n={c['size']:>11,d}  median {c['median_s']} s  "

@@ -268,7 +268,11 @@ def cmd_audit(args) -> int:
 
 def cmd_reproduce(args) -> int:
     from rpwjax.experiments.reproduce import auto_report, beyond_report, run_jobs, write_verdict
+    from rpwjax.errors import InputError
 
+    if args.report_only and not (Path(args.out) / "california" / "results.csv").is_file():
+        raise InputError(f"--out {str(args.out)!r} holds no committed sweeps to report on (no california/results.csv): "
+                         "give the folder `rpwjax reproduce` wrote, e.g. the repository's plots")
     if not args.report_only:
         for name, seconds in run_jobs(args.out, args.only):
             print(f"{name}: {seconds:.0f} s")
@@ -467,12 +471,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object per (mechanism, epsilon), one per line")
     p.set_defaults(func=cmd_audit)
 
-    p = sub.add_parser("reproduce", help="regenerate every committed sweep into plots/ (about 2 hours on 2 cores)")
+    p = sub.add_parser("reproduce", help="regenerate every committed sweep into plots/, replacing its files there "
+                       "(about 2 hours on 2 cores)")
     p.add_argument("--out", default="plots", help="the folder of figures and their tidy CSVs (default plots)")
     p.add_argument("--only", nargs="+", default=None, metavar="JOB",
                    help="run only these jobs (names as in plots/logs/times.txt); the report is redrawn either way")
     p.add_argument("--report-only", action="store_true",
-                   help="only redraw the verdict, the beyond-the-paper figures and the target table from the committed rows")
+                   help="only redraw the verdict, the beyond-the-paper figures and the target table from the committed "
+                        "rows (replacing those files in --out)")
     p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("demo", help="a reduced sweep on bundled California Housing: table and plot (a few minutes)")

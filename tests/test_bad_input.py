@@ -286,6 +286,46 @@ def test_a_full_disk_names_the_output_and_leaves_nothing(shared, tmp_path, capsy
     assert listing(tmp_path) == ["in.csv"]
 
 
+def test_a_failed_sweep_leaves_nothing_new_and_an_earlier_sweep_as_it_was(tmp_path, capsys, monkeypatch):
+    """results.csv and the plots of `rpwjax curves` (and `demo`) are renamed into place together at the end:
+    plotting that fails after writing its file leaves no results.csv, plot, temporary file or folder."""
+    from matplotlib.figure import Figure
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 2))
+    y = np.clip(0.5 + 0.2 * x[:, 0] + 0.1 * rng.normal(size=200), 0, 1)
+    (tmp_path / "in.csv").write_text("a,b,y\n" + "".join(f"{a:.4f},{b:.4f},{v:.4f}\n" for (a, b), v in zip(x, y)))
+    sweep = ["curves", "--data", tmp_path / "in.csv", "--label-column", "y", "--range", "0", "1", "--mechanisms",
+             "laplace", "--epsilon", "1", "--seeds", "1", "--epochs", "1", "--quiet"]
+    real = Figure.savefig
+
+    def broken(self, fname, *args, **kwargs):  # the plot's file is written, then plotting fails
+        real(self, fname, *args, **kwargs)
+        raise RuntimeError("plotting failed")
+
+    monkeypatch.setattr(Figure, "savefig", broken)
+    # a new folder (and its parent): neither remains
+    code, _, err = run([*sweep, "--out", tmp_path / "new" / "sweep"], capsys)
+    assert code == 1 and err.count("\n") == 1 and "plotting failed" in err, err
+    assert listing(tmp_path) == ["in.csv"]
+    # over an earlier sweep with --overwrite: its results.csv and plot stay as they were, nothing is added
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "results.csv").write_bytes(b"old results\n")
+    (tmp_path / "old" / "in_curves.png").write_bytes(b"old plot")
+    code, _, err = run([*sweep, "--out", tmp_path / "old", "--overwrite"], capsys)
+    assert code == 1 and "plotting failed" in err, err
+    assert listing(tmp_path) == ["in.csv", "old"] and listing(tmp_path / "old") == ["in_curves.png", "results.csv"]
+    assert (tmp_path / "old" / "results.csv").read_bytes() == b"old results\n"
+    assert (tmp_path / "old" / "in_curves.png").read_bytes() == b"old plot"
+    # a run that succeeds replaces both, and leaves no temporary file
+    monkeypatch.setattr(Figure, "savefig", real)
+    code, out, err = run([*sweep, "--out", tmp_path / "old", "--overwrite"], capsys)
+    assert code == 0, err
+    assert listing(tmp_path / "old") == ["in_curves.png", "results.csv"]
+    assert (tmp_path / "old" / "results.csv").read_text().startswith('"dataset"')
+    assert (tmp_path / "old" / "in_curves.png").read_bytes().startswith(b"\x89PNG")
+
+
 # --------------------------------------------------------------------------- outputs that exist
 
 KEY_TEXT = bytes(range(7, 39)).hex().encode() + b"\n"  # what `rpwjax keygen` writes
@@ -327,8 +367,16 @@ EXISTING_CASES = [
     ("curves over an earlier sweep's plot", ["curves", "--data", "{t}/in.csv", "--label-column", "y", "--range", "0",
                                              "1", "--out", "{t}/sweep"], {"sweep/in_curves.png": b"png"},
      ["output '{t}/sweep/in_curves.png' already exists"]),
+    ("curves over its own --data, with --overwrite",
+     ["curves", "--data", "{t}/sweep/results.csv", "--label-column", "y", "--range", "0", "1", "--out", "{t}/sweep",
+      "--overwrite"], {"sweep/results.csv": b"id,y\n1,0.5\n2,7\n"},
+     ["output must differ from input", "'{t}/sweep/results.csv'"]),
     ("bench over an earlier run", ["bench", "--quick", "--out", "{t}/bench", "--cache", "{t}/cache"],
      {"bench/results.json": b"{}\n"}, ["output '{t}/bench/results.json' already exists"]),
+    ("bench with a file as its --cache", ["bench", "--quick", "--out", "{t}/bench", "--cache", "{t}/in.csv"],
+     {}, ["--cache '{t}/in.csv' is a file: give a directory"]),
+    ("reproduce --report-only on a folder without sweeps", ["reproduce", "--report-only", "--out", "{t}/plots"],
+     {"plots/notes.txt": b"mine\n"}, ["--out '{t}/plots' holds no committed sweeps"]),
 ]
 
 

@@ -220,12 +220,41 @@ def test_results_are_written_after_every_group_and_a_spent_budget_skips_the_rest
     plan = dataclasses.replace(plans.PLANS["tiny"], sampling_n=(500,))
     groups = cases.build_groups(plan, tmp_path / "cache", families=("sampling", "search-labels"))
     results = report.run_plan(plan, tmp_path, cache_dir=tmp_path / "cache", groups=groups, budget_s=0.0,
-                              plots=False, progress=False)
+                              plots=False, progress=False, checkpoint=True)
     on_disk = json.loads((tmp_path / "results.json").read_text())
     assert on_disk["complete"] is True and results["complete"] is True
     # a budget spent before the first group: every group is listed, none is timed, and the file says so
     assert results["cases"] == [] and on_disk["cases"] == []
     assert len([s for s in results["skipped"] if "time budget" in s]) == len(groups)
+
+
+def test_a_run_cut_short_leaves_no_new_file_and_an_earlier_run_as_it_was(tmp_path, monkeypatch):
+    """Without checkpoint (the command line), results.json and the plots are written together at the end or not at
+    all: a run interrupted after its first group leaves nothing new, not even its folder, nor a partial result over
+    an earlier complete one."""
+    from rpwjax.bench import report
+    import dataclasses
+    plan = dataclasses.replace(plans.PLANS["tiny"], sampling_n=(500,))
+    groups = cases.build_groups(plan, tmp_path / "cache", families=("sampling", "search-labels"))
+    real, calls = report.time_group, []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(report, "time_group", interrupted)
+    for out in (tmp_path / "new" / "bench", tmp_path / "old"):
+        if out.name == "old":
+            out.mkdir()
+            (out / "results.json").write_text('{"complete": true}\n')
+        calls.clear()
+        with pytest.raises(KeyboardInterrupt):
+            report.run_plan(plan, out, cache_dir=tmp_path / "cache", groups=groups, progress=False)
+    assert not (tmp_path / "new").exists()
+    assert [p.name for p in (tmp_path / "old").iterdir()] == ["results.json"]
+    assert (tmp_path / "old" / "results.json").read_text() == '{"complete": true}\n'
 
 
 def test_a_case_a_target_names_fails_when_it_misses_it():

@@ -291,6 +291,7 @@ FIELD_EDITS = [
     ("laplace", lambda rec: rec.pop("epsilon_mechanism"), r"field 'epsilon_mechanism' is missing"),
     ("gaussian", lambda rec: rec.pop("delta"), r"field 'delta' is missing"),
     ("laplace", _set(["params", "scale"], 0.5), r"Laplace scale must be at least"),
+    ("laplace", _set(["prior"], None), r"prior must be an object with a 'kind', got prior=None"),
 ]
 
 

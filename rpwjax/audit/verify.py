@@ -187,9 +187,9 @@ def _check_fields(record: dict, params, cls, problems: list[str]) -> dict:
 
 def _check_prior(record: dict, stated: dict, name: str, uses_prior: bool, problems: list[str]) -> str | None:
     """The prior's record against ε₁; returns its kind (None if unusable)."""
-    saved = record.get("prior")
-    if saved is None:
+    if "prior" not in record:
         return None  # reported as missing
+    saved = record["prior"]
     if not isinstance(saved, dict):
         problems.append(f"prior must be an object with a 'kind', got prior={saved!r}")
         return None

@@ -22,7 +22,7 @@ from rpwjax.bench.plans import FAMILIES, PLANS, Plan, SAMPLER_SUPPORT, SCHEMA_VE
 from rpwjax.bench.cases import build_groups, cleanup_outputs, clear_caches, default_cache_dir
 from rpwjax.bench.timing import time_group
 from rpwjax.errors import InputError, check_integer
-from rpwjax.io.atomic import check_outputs
+from rpwjax.io.atomic import atomic_outputs, check_outputs
 
 # --------------------------------------------------------------------------- targets
 
@@ -107,16 +107,21 @@ def machine_info() -> dict:
     return info
 
 
-def plot_results(cases: list[dict], out_dir) -> list[str]:
+def plotted_families(cases: list[dict]) -> list[str]:
+    """The families :func:`plot_results` draws a figure of (those with a timed case), in order."""
+    families = list(dict.fromkeys(c["family"] for c in cases))
+    return [f for f in families if any(c["family"] == f and c["median_s"] for c in cases)]
+
+
+def plot_results(cases: list[dict], out_dir, paths=None) -> list[str]:
     """One figure per family: time against size (log-log, baselines dashed) and, where a
-    baseline exists, the ratio to it against size. Returns the file names written."""
+    baseline exists, the ratio to it against size. Returns the file names written
+    (``FAMILY.png``); ``paths`` maps a family to the path its figure is saved at instead
+    (e.g. a temporary one, committed with results.json)."""
     out_dir = Path(out_dir)
     written = []
-    families = list(dict.fromkeys(c["family"] for c in cases))
-    for family in families:
+    for family in plotted_families(cases):
         rows = [c for c in cases if c["family"] == family and c["median_s"]]
-        if not rows:
-            continue
         names = list(dict.fromkeys(c["name"] for c in rows))
         baselines = {c["baseline"] for c in cases if c["family"] == family and c["baseline"]}
         with_ratio = [n for n in names if any(c["ratio"] for c in rows if c["name"] == n)]
@@ -158,7 +163,7 @@ def plot_results(cases: list[dict], out_dir) -> list[str]:
             ax.legend(fontsize=7)
         fig.tight_layout()
         name = f"{family}.png"
-        fig.savefig(out_dir / name, dpi=110)
+        fig.savefig(out_dir / name if paths is None else paths[family], dpi=110, format="png")
         written.append(name)
     return written
 
@@ -174,21 +179,27 @@ def run_bench(plan_name: str, out_dir, *, cache_dir=None, families=None, repeats
         raise InputError(f"--out {str(out)!r} is a file: give a directory")
     figures = [out / f"{family}.png" for family in (families or FAMILIES)] if plots else []
     check_outputs([out / "results.json", *figures], overwrite=overwrite)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if cache.exists() and not cache.is_dir():
+        raise InputError(f"--cache {str(cache)!r} is a file: give a directory (generated inputs are kept there)")
     return run_plan(PLANS[plan_name], out_dir, cache_dir=cache_dir, families=families, repeats=repeats, plots=plots,
                     progress=progress)
 
 
 def run_plan(plan: Plan, out_dir, *, cache_dir=None, families=None, repeats=None, plots=True,
-             progress: bool = True, groups=None, budget_s: float | None = None) -> dict:
+             progress: bool = True, groups=None, budget_s: float | None = None, checkpoint: bool = False) -> dict:
     """Run every case of ``plan``; write ``out_dir/results.json`` (+ plots); return the results.
 
-    ``results.json`` is rewritten after every group (``"complete": false`` until
-    the last), so a run cut short keeps what it measured. ``groups`` replaces
-    the plan's group order; a group that would start after ``budget_s``
-    seconds is not run and is listed in ``skipped``.
+    By default results.json and the plots are written together at the end, or not at all: a run that
+    fails or is interrupted leaves no new file and an earlier run's files as they were. With
+    ``checkpoint`` (the device script, whose machine may be taken back mid-run) results.json is
+    rewritten after every group instead (``"complete": false`` until the last), so a run cut short
+    keeps what it measured. ``groups`` replaces the plan's group order; a group that would start
+    after ``budget_s`` seconds is not run and is listed in ``skipped``.
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if checkpoint:
+        out_dir.mkdir(parents=True, exist_ok=True)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     groups = build_groups(plan, cache_dir, families) if groups is None else groups
     started = time.perf_counter()
@@ -207,11 +218,16 @@ def run_plan(plan: Plan, out_dir, *, cache_dir=None, families=None, repeats=None
             clear_caches(everything=False)
             if g.family in ("privatize", "privatize-table"):
                 cleanup_outputs(cache_dir)
-            _write(path, _results(plan, cases, not_run, started, repeats, cache_dir, complete=False))
+            if checkpoint:
+                _write(path, _results(plan, cases, not_run, started, repeats, cache_dir, complete=False))
     clear_caches()
     results = _results(plan, cases, not_run, started, repeats, cache_dir, complete=True)
-    results["plots"] = plot_results(cases, out_dir) if plots else []
-    _write(path, results)
+    families_drawn = plotted_families(cases) if plots else []
+    figures = [out_dir / f"{family}.png" for family in families_drawn]
+    with atomic_outputs(path, *figures) as (tmp, *tmp_figures):
+        if plots:
+            results["plots"] = plot_results(cases, out_dir, paths=dict(zip(families_drawn, tmp_figures)))
+        _write(tmp, results)
     return results
 
 

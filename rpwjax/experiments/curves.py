@@ -4,7 +4,9 @@
 file, optionally a validation split of its training rows), refusing options
 that would do nothing; :func:`sweep_to` runs a sweep into a folder
 (results.csv and the plots, refused over an earlier sweep's unless
-``overwrite``: :func:`check_sweep_outputs`) and returns the lines to print.
+``overwrite`` and over its own input always: :func:`check_sweep_outputs`;
+written all together or not at all: :func:`write_sweep`) and returns the
+lines to print.
 """
 
 from __future__ import annotations
@@ -15,19 +17,20 @@ from rpwjax.api import check_bins
 from rpwjax.errors import InputError, check_integer
 from rpwjax.experiments.datasets import (VALIDATION_SEED, Split, load_dataset, load_table, train_test_split,
                                          validation_split)
-from rpwjax.experiments.plots import plot_curves
-from rpwjax.experiments.sweeps import SweepConfig, format_table, run_sweep, summarize, write_rows
-from rpwjax.io.atomic import check_outputs
+from rpwjax.experiments.plots import curve_plots, save_plots
+from rpwjax.experiments.sweeps import SweepConfig, format_table, run_sweep, summarize, write_rows_at
+from rpwjax.io.atomic import atomic_outputs, check_outputs
 
 DEMO_CONFIG = dict(epsilons=(0.1, 0.5, 1.0, 2.0, 8.0), seeds=3, epochs=20)
 
 
-def check_sweep_outputs(out_dir, overwrite: bool):
-    """A sweep writes DIR/results.csv and DIR/*_curves.png: refused over an earlier sweep's unless ``overwrite``."""
+def check_sweep_outputs(out_dir, overwrite: bool, inputs=()):
+    """A sweep writes DIR/results.csv and DIR/*_curves.png: refused over an earlier sweep's unless ``overwrite``,
+    and over one of its ``inputs`` (``--data``) always."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {str(out)!r} is a file: give a directory")
-    check_outputs([out / "results.csv", *sorted(out.glob("*_curves.png"))], overwrite=overwrite)
+    check_outputs([out / "results.csv", *sorted(out.glob("*_curves.png"))], overwrite=overwrite, inputs=inputs)
 
 
 def curves_split(*, dataset=None, data=None, label_column=None, range=None, features=None, exclude=None,
@@ -38,7 +41,7 @@ def curves_split(*, dataset=None, data=None, label_column=None, range=None, feat
     every committed sweep); ``validation`` then splits that split's training rows again."""
     if (dataset is None) == (data is None):
         raise InputError("give exactly one of --dataset NAME or --data FILE")
-    check_sweep_outputs(out_dir, overwrite)
+    check_sweep_outputs(out_dir, overwrite, inputs=[data])
     split_seed = check_integer(split_seed, "--split-seed", 0, 2**63 - 1)  # checked before any data is read
     if validation_seed is not None:  # checked before any data is read
         if not validation:
@@ -66,6 +69,17 @@ def sweep_to(split: Split, config: SweepConfig, out_dir, *, progress: bool = Tru
     """Run ``config`` on ``split``, write DIR/results.csv and the plots; the summary table and paths to print."""
     rows = run_sweep(split, config, progress=progress)
     out = Path(out_dir)
-    write_rows(rows, out / "results.csv")
-    paths = plot_curves(rows, out)
+    paths = write_sweep(rows, out / "results.csv", out)
     return [format_table(summarize(rows)), f"results: {out / 'results.csv'}", *(f"plot: {p}" for p in paths)]
+
+
+def write_sweep(rows: list[dict], csv_path, plot_dir) -> list[Path]:
+    """Write ``rows`` to ``csv_path`` and their plots into ``plot_dir``, all together or none: each goes to a
+    temporary file first and all are renamed into place at the end (:func:`rpwjax.io.atomic.atomic_outputs`),
+    so an error, SIGINT or SIGTERM leaves no new file or folder and an earlier sweep's files as they were.
+    Returns the plots' paths."""
+    plots = curve_plots(rows, plot_dir)
+    with atomic_outputs(csv_path, *(path for path, _ in plots)) as (tmp_csv, *tmp_plots):
+        write_rows_at(rows, tmp_csv)
+        save_plots(plots, tmp_plots)
+    return [path for path, _ in plots]

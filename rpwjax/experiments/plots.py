@@ -2,24 +2,42 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
+from typing import Callable
 
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
+from rpwjax.io.atomic import atomic_outputs
 from rpwjax.mechanisms import MECHANISMS
 from rpwjax.experiments.sweeps import (NON_PRIVATE, mechanism_label, mechanism_order, series_name, settings_of, split_of,
                                        splits_of, summarize)
 
 
 def plot_curves(rows: list[dict], out_dir) -> list[Path]:
-    """Per data set (and prior setting, when a data set has several): test MSE against ε (log axes, ±1 std
+    """Draw :func:`curve_plots` into ``out_dir``, all together or none (atomic); the paths written."""
+    plots = curve_plots(rows, out_dir)
+    with atomic_outputs(*(path for path, _ in plots)) as temps:
+        save_plots(plots, temps)
+    return [path for path, _ in plots]
+
+
+def save_plots(plots, temps):
+    """Draw each of ``plots`` (from :func:`curve_plots`) as PNG at the matching temporary path of ``temps``."""
+    for (_, draw), tmp in zip(plots, temps):
+        draw().savefig(tmp, format="png", dpi=120)  # a temporary name ends in .part: the format is given
+
+
+def curve_plots(rows: list[dict], out_dir) -> list[tuple[Path, Callable[[], Figure]]]:
+    """The plots of ``rows`` as (path in ``out_dir``, function drawing its figure); nothing is drawn or written.
+
+    Per data set (and prior setting, when a data set has several): test MSE against ε (log axes, ±1 std
     band, non-private floor) and label MSE against ε; one line per mechanism and config."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
-    paths = []
+    plots = []
     panels = [(d, k, prior) for d in sorted({s["dataset"] for s in summary}) for k in splits_of(summary, d)
               for prior in settings_of(summary, d)]
     for dataset, split, prior in panels:
@@ -30,42 +48,46 @@ def plot_curves(rows: list[dict], out_dir) -> list[Path]:
             continue
         several = len(settings_of(summary, dataset)) > 1
         splits = len(splits_of(summary, dataset)) > 1  # named only when one file holds several splits
-        fig = Figure(figsize=(12, 4.8))
-        ax_test, ax_label = fig.subplots(1, 2)
-        mechs = mechanism_order(series_name(s) for s in sub if s["mechanism"] != NON_PRIVATE)
-        colors = matplotlib.colormaps["tab20" if len(mechs) > 10 else "tab10"]
-        lowest = np.inf
-        for index, m in enumerate(mechs):
-            cells = sorted((s for s in sub if series_name(s) == m), key=lambda s: s["epsilon"])
-            e = np.array([c["epsilon"] for c in cells])
-            mean = np.array([c["test_mse_mean"] for c in cells])
-            std = np.array([c["test_mse_std"] for c in cells])
-            lowest = min(lowest, float(mean.min()))
-            style = {"linewidth": 2.4} if m == "rpwithprior" else {"linewidth": 1.4}
-            style["color"] = colors(index % colors.N)
-            if m not in MECHANISMS:  # beyond-the-paper variants and other configs: dashed
-                style["linestyle"] = "--"
-            (line,) = ax_test.plot(e, mean, marker="o", markersize=3, label=mechanism_label(m), **style)
-            ax_test.fill_between(e, np.maximum(mean - std, 1e-12), mean + std, color=line.get_color(), alpha=0.18)
-            ax_label.plot(e, [c["label_mse_mean"] for c in cells], marker="o", markersize=3,
-                          label=mechanism_label(m), **style)
-        floor = [s for s in sub if s["mechanism"] == NON_PRIVATE]
-        if floor:
-            lowest = min(lowest, floor[0]["test_mse_mean"])
-        if np.isfinite(lowest):  # a ±std band reaching below zero must not stretch the log axis
-            ax_test.set_ylim(bottom=0.5 * lowest)
-        if floor:
-            ax_test.axhline(floor[0]["test_mse_mean"], color="black", linestyle="--", linewidth=1, label="non-private MLP")
-        for ax, title in ((ax_test, "test MSE of the trained MLP"), (ax_label, "label MSE E[(Ỹ − Y)²] on train labels")):
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel("ε (total, incl. prior)")
-            ax.set_title(f"{dataset}{f' ({prior} prior)' if several else ''}{f', split {split}' if splits else ''}: {title}")
-            ax.grid(True, which="both", alpha=0.3)
-        ax_test.legend(fontsize=8)
-        fig.tight_layout()
         stem = f"{dataset}_{prior}" if several else dataset
         path = out_dir / (f"{stem}_split{split}_curves.png" if splits else f"{stem}_curves.png")
-        fig.savefig(path, dpi=120)
-        paths.append(path)
-    return paths
+        plots.append((path, functools.partial(_figure, sub, dataset, split, prior, several, splits)))
+    return plots
+
+
+def _figure(sub, dataset, split, prior, several: bool, splits: bool) -> Figure:
+    """One panel's figure: the summary rows ``sub`` of one data set, split seed and prior setting."""
+    fig = Figure(figsize=(12, 4.8))
+    ax_test, ax_label = fig.subplots(1, 2)
+    mechs = mechanism_order(series_name(s) for s in sub if s["mechanism"] != NON_PRIVATE)
+    colors = matplotlib.colormaps["tab20" if len(mechs) > 10 else "tab10"]
+    lowest = np.inf
+    for index, m in enumerate(mechs):
+        cells = sorted((s for s in sub if series_name(s) == m), key=lambda s: s["epsilon"])
+        e = np.array([c["epsilon"] for c in cells])
+        mean = np.array([c["test_mse_mean"] for c in cells])
+        std = np.array([c["test_mse_std"] for c in cells])
+        lowest = min(lowest, float(mean.min()))
+        style = {"linewidth": 2.4} if m == "rpwithprior" else {"linewidth": 1.4}
+        style["color"] = colors(index % colors.N)
+        if m not in MECHANISMS:  # beyond-the-paper variants and other configs: dashed
+            style["linestyle"] = "--"
+        (line,) = ax_test.plot(e, mean, marker="o", markersize=3, label=mechanism_label(m), **style)
+        ax_test.fill_between(e, np.maximum(mean - std, 1e-12), mean + std, color=line.get_color(), alpha=0.18)
+        ax_label.plot(e, [c["label_mse_mean"] for c in cells], marker="o", markersize=3,
+                      label=mechanism_label(m), **style)
+    floor = [s for s in sub if s["mechanism"] == NON_PRIVATE]
+    if floor:
+        lowest = min(lowest, floor[0]["test_mse_mean"])
+    if np.isfinite(lowest):  # a ±std band reaching below zero must not stretch the log axis
+        ax_test.set_ylim(bottom=0.5 * lowest)
+    if floor:
+        ax_test.axhline(floor[0]["test_mse_mean"], color="black", linestyle="--", linewidth=1, label="non-private MLP")
+    for ax, title in ((ax_test, "test MSE of the trained MLP"), (ax_label, "label MSE E[(Ỹ − Y)²] on train labels")):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("ε (total, incl. prior)")
+        ax.set_title(f"{dataset}{f' ({prior} prior)' if several else ''}{f', split {split}' if splits else ''}: {title}")
+        ax.grid(True, which="both", alpha=0.3)
+    ax_test.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -383,9 +383,14 @@ def format_target_table(table: list[dict]) -> str:
 
 def write_rows(rows: list[dict], path) -> None:
     """Tidy results as CSV (atomic); a row read from a CSV older than the split_seed column is written as split 0."""
-    table = pa.table({c: [split_of(r) if c == "split_seed" else r[c] for r in rows] for c in COLUMNS})
     with atomic_path(path) as tmp:
-        pacsv.write_csv(table, tmp)
+        write_rows_at(rows, tmp)
+
+
+def write_rows_at(rows: list[dict], path) -> None:
+    """Tidy results as CSV, straight to ``path`` (a temporary path of :func:`rpwjax.io.atomic.atomic_outputs`)."""
+    table = pa.table({c: [split_of(r) if c == "split_seed" else r[c] for r in rows] for c in COLUMNS})
+    pacsv.write_csv(table, path)
 
 
 def read_rows(path) -> list[dict]:
