@@ -75,7 +75,7 @@ def check_integer(value, name: str, minimum: int = 1, maximum: int | None = None
 
 
 def check_range(lo, hi) -> tuple[float, float]:
-    """The public label range: finite floats with lo < hi."""
+    """The public label range: finite floats with lo < hi and a finite width hi - lo."""
     try:
         lo_f, hi_f = float(lo), float(hi)
     except (TypeError, ValueError):
@@ -84,6 +84,9 @@ def check_range(lo, hi) -> tuple[float, float]:
         raise InputError(f"range must be finite, got range=({lo_f!r}, {hi_f!r})")
     if not lo_f < hi_f:
         raise InputError(f"range needs lo < hi, got lo={lo_f!r}, hi={hi_f!r}")
+    if not np.isfinite(hi_f - lo_f):  # every mechanism and histogram divides by the width
+        raise InputError(f"range is too wide: its width hi - lo is not finite in float64, got range=({lo_f!r}, "
+                         f"{hi_f!r})")
     return lo_f, hi_f
 
 

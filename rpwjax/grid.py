@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rpwjax.errors import InputError
+
 UNIFORM_BITS = 52
 UNIFORM_COUNT = 1 << UNIFORM_BITS  # N: the number of distinct uniforms
 MIN_CELL_COUNT = 1 << 23  # uniforms that land in any full output cell, at every label (half cells at the ends: half)
@@ -21,8 +23,13 @@ MAX_EPSILON = float(np.log(UNIFORM_COUNT / MIN_CELL_COUNT))  # 29 ln 2 = 20.10
 
 
 def pow2_at_least(x: float) -> float:
-    """The smallest power of two >= ``x`` (``x`` > 0)."""
-    m, e = np.frexp(float(x))  # x = m 2^e, 0.5 <= m < 1
+    """The smallest power of two >= ``x`` (``x`` > 0 and finite; a non-finite ``x``, e.g. the spread of noise whose
+    variance overflowed at a tiny ε, has none: an :class:`~rpwjax.errors.InputError` saying ε is too small)."""
+    x = float(x)
+    if not (np.isfinite(x) and x > 0):  # frexp(inf) would give 2^0: a grid of 1 for noise of infinite spread
+        raise InputError(f"epsilon is too small for this range: the noise is too wide for float64 (a grid step of "
+                         f"{x!r} is needed)" if not np.isfinite(x) else f"no power of two is at least {x!r}")
+    m, e = np.frexp(x)  # x = m 2^e, 0.5 <= m < 1
     return float(np.ldexp(1.0, int(e) - (1 if m == 0.5 else 0)))
 
 

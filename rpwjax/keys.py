@@ -261,12 +261,15 @@ def default_release_id(secret: Secret) -> str:
 def write_key_file(path) -> Path:
     """Write a fresh 256-bit secret as 64 hex characters (file mode 0600); refuses to overwrite."""
     p = Path(path)
-    if p.exists():
+    if p.is_dir():
+        raise InputError(f"key file {str(p)!r} is a directory: give a file name for the new key (e.g. "
+                         f"{str(p / 'rpwjax.key')!r})")
+    if p.exists() or p.is_symlink():
         raise InputError(f"key file {str(p)!r} already exists: refusing to overwrite a secret")
     if p.parent and not p.parent.exists():
         raise InputError(f"directory {str(p.parent)!r} of the key file does not exist")
     secret = Secret.from_entropy()
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # an OSError here is an I/O error (exit 1)
     with os.fdopen(fd, "w", encoding="ascii") as f:
         f.write(secret.hex() + "\n")
     return p

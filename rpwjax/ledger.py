@@ -25,6 +25,9 @@ input over rows it already covered, is refused: it would reuse randomness.
 Appending is atomic and safe under concurrent runs: each check and append
 holds an exclusive ``flock`` on the ledger file, and a record is one
 ``write`` of one line to a file opened for appending, flushed and synced.
+Only an append creates the file (and its folder): the check before any work
+reads a ledger that does not exist yet as empty, so a run that fails or is
+refused leaves no ledger behind.
 
 The ledger cannot see releases made elsewhere: with another key file or
 ledger, on another machine, of a copy of the input whose bytes differ, or
@@ -144,23 +147,44 @@ def _overlap(a: dict, b: dict) -> bool:
     return a["row_offset"] < b["row_offset"] + b["rows"] and b["row_offset"] < a["row_offset"] + a["rows"]
 
 
+def _is_record(value) -> bool:
+    """Whether a parsed line looks like a ledger record (:func:`new_record`)."""
+    return (isinstance(value, dict) and "format_version" in value and "release_id" in value
+            and isinstance(value.get("input"), dict) and "sha256" in value["input"])
+
+
 def read(path) -> list[dict]:
-    """Every record of a ledger file (none if it does not exist); a damaged line is an error naming it."""
+    """Every record of a ledger file (none if it does not exist); a damaged line is an error naming it, and a
+    file whose first line is no ledger record (another file given as the ledger) is refused as no ledger."""
     p = Path(path)
     if not p.exists():
         return []
     if p.is_dir():
         raise InputError(f"ledger {str(p)!r} is a directory: give a file name")
     out = []
-    with open(p, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
+    try:
+        f = open(p, "rb")
+    except FileNotFoundError:  # removed since the check above
+        return []
+    except OSError as err:
+        raise InputError(f"ledger {str(p)!r} cannot be read ({err.strerror or err})") from None
+    with f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
                 continue
             try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                raise InputError(f"ledger {str(p)!r} line {number} is not a JSON record: the ledger is damaged; "
-                                 "repair or move it") from None
+                record = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                record = None
+            if _is_record(record):
+                out.append(record)
+                continue
+            if not out:
+                raise InputError(f"ledger {str(p)!r} is not an rpwjax ledger: its first line is not a ledger record "
+                                 "(a JSON line of a release); give another --ledger FILE, or a new name for a new "
+                                 "ledger")
+            raise InputError(f"ledger {str(p)!r} line {number} is not a ledger record: the ledger is damaged; "
+                             "repair or move it")
     return out
 
 
@@ -224,16 +248,29 @@ def check_budget(budget):
     return b
 
 
+def _cannot_open(path: Path, err) -> InputError:
+    return InputError(f"ledger {str(path)!r} cannot be opened ({getattr(err, 'strerror', None) or err}): give a "
+                      "writable --ledger FILE")
+
+
 @contextlib.contextmanager
-def _locked(path: Path):
+def _locked(path: Path, *, create: bool = True):
+    """The ledger file opened for appending and locked (``flock``, exclusive) for the block; the fd, or None when
+    the file does not exist and not ``create`` (then nothing is created: no file, no folder)."""
     if path.is_dir():
         raise InputError(f"ledger {str(path)!r} is a directory: give a file name")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | (os.O_CREAT if create else 0), 0o600)
+    except FileNotFoundError as err:
+        if create:
+            raise _cannot_open(path, err) from None
+        _check_creatable(path)
+        yield None
+        return
     except OSError as err:
-        raise InputError(f"ledger {str(path)!r} cannot be opened ({err.strerror or err}): give a writable "
-                         "--ledger FILE") from None
+        raise _cannot_open(path, err) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
@@ -241,11 +278,24 @@ def _locked(path: Path):
         os.close(fd)  # closing releases the lock
 
 
+def _check_creatable(path: Path):
+    """Refuse a ledger that :func:`commit` could not create (its nearest existing folder is not a writable
+    folder), without creating anything."""
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise _cannot_open(path, f"{str(parent)!r} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise _cannot_open(path, f"folder {str(parent)!r} is not writable")
+
+
 def precheck(path, record: dict, budget=None) -> dict:
-    """Before any work: refuse a release the ledger would refuse (reused id, budget). Writes nothing."""
+    """Before any work: refuse a release the ledger would refuse (reused id, budget). Writes nothing: a ledger
+    that does not exist yet reads as empty and is not created (only :func:`commit` creates it)."""
     path = Path(path)
-    with _locked(path):
-        return _check(read(path), record, budget)
+    with _locked(path, create=False) as fd:
+        return _check([] if fd is None else read(path), record, budget)
 
 
 def commit(path, record: dict, budget=None) -> dict:

@@ -13,17 +13,48 @@ floating-point sampler, and there is no tail to truncate.
 Random integers come from a deterministic bit generator: SHA-256 in counter
 mode over a :class:`~rpwjax.keys.Secret` (so a key file reproduces the noise
 and OS entropy makes it unguessable).
+
+The sampler's one limit is its output type: a draw is an int64 (added to an
+int64 count), so it must stay below :data:`MAX_NOISE` = 2^62 in magnitude.
+A rate r gives P(|Z| >= MAX_NOISE) <= 2·e^(-r·MAX_NOISE); below :data:`MIN_RATE`
+that could pass 2^-:data:`TAIL_BITS`, so such a rate (an ε too small for
+this sampler) is refused before anything is drawn (:func:`min_epsilon`,
+:func:`check_noise_epsilon`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from fractions import Fraction
 
 import numpy as np
 
-from rpwjax.errors import check_epsilon
+from rpwjax.errors import InputError, check_epsilon
 from rpwjax.keys import Secret, bound
+
+MAX_NOISE = 1 << 62  # |Z| below this: an int64 count (< 2^62) plus the noise cannot overflow
+TAIL_BITS = 64  # a draw reaches MAX_NOISE with probability at most 2^-TAIL_BITS
+# the smallest rate with 2·exp(-rate·MAX_NOISE) <= 2^-TAIL_BITS
+MIN_RATE = (TAIL_BITS + 1) * math.log(2) / MAX_NOISE * (1 + 1e-12)
+
+
+def min_epsilon(divisor=1) -> float:
+    """The smallest ε whose noise of rate ε/``divisor`` the sampler accepts (:data:`MIN_RATE` · ``divisor``)."""
+    return float(MIN_RATE * divisor)
+
+
+def check_noise_epsilon(epsilon, name: str = "epsilon", divisor=1, what: str = "") -> float:
+    """``epsilon`` (checked by :func:`rpwjax.errors.check_epsilon`) as a float, refused unless its noise of rate
+    ε/``divisor`` is one the exact sampler can draw: the error names the value and the smallest accepted one."""
+    eps = check_epsilon(epsilon, name)
+    small = eps < min_epsilon(divisor)
+    if np.any(small):
+        value = float(np.asarray(eps)[small].ravel()[0]) if np.ndim(eps) else float(eps)
+        raise InputError(
+            f"{name} is too small for the exact integer noise sampler{what}, got {name}={value!r}: the smallest "
+            f"accepted is {min_epsilon(divisor):.3g} (below it, its discrete Laplace noise may not fit in an int64)")
+    return eps
 
 
 class BitStream:
@@ -77,6 +108,9 @@ def bernoulli_exp(gamma: Fraction, rng: BitStream) -> bool:
 
 def discrete_laplace(rate: Fraction, rng: BitStream) -> int:
     """One draw of Z with P(Z = z) ∝ exp(-rate·|z|) on the integers (CKS 2020, Algorithm 2)."""
+    if rate < MIN_RATE:
+        raise InputError(f"the exact integer noise sampler needs a rate of at least {MIN_RATE:.3g} (its draws must "
+                         f"stay below 2^62 to be int64), got rate {float(rate):.3g}: epsilon is too small")
     s, t = rate.numerator, rate.denominator  # exp(-|z| s / t)
     while True:
         u = rng.below(t)
@@ -89,13 +123,15 @@ def discrete_laplace(rate: Fraction, rng: BitStream) -> int:
         negative = rng.bits(1) == 1
         if negative and y == 0:
             continue
+        if y >= MAX_NOISE:  # probability at most 2^-TAIL_BITS at MIN_RATE: refuse rather than overflow an int64
+            raise RuntimeError(f"a discrete Laplace draw of rate {float(rate):.3g} reached 2^62")
         return -y if negative else y
 
 
 def noisy_counts(counts, epsilon: float, secret: Secret, purpose: str, *index: int) -> np.ndarray:
     """``counts`` (integers) plus independent discrete Laplace noise of rate ε/2 each: an ε-DP release
     of a histogram under replace-one neighbours. Returns int64 noisy counts (may be negative)."""
-    eps = float(check_epsilon(epsilon))
+    eps = float(check_noise_epsilon(epsilon, divisor=2))
     rate = Fraction(eps) / 2
     rng = BitStream(secret, purpose, *index)
     c = np.asarray(counts, np.int64).ravel()

@@ -23,17 +23,18 @@ and appended just before the outputs appear.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
 import numpy as np
 
-from rpwjax import certify, ledger
+from rpwjax import certify, ledger, noise
 from rpwjax.accounting import Accounting
-from rpwjax.api import FitOptions, load_params, prior_from_record, records_total
+from rpwjax.api import DEFAULT_PRIOR_FRACTION, MECHANISMS, FitOptions, load_params, prior_from_record, records_total
 from rpwjax.audit.verify import PUBLIC_PRIOR_KINDS, check_record, verified_release
 from rpwjax.mechanisms.base import Mechanism
-from rpwjax.errors import InputError, check_integer, check_label_rows, check_range
+from rpwjax.errors import InputError, check_epsilon, check_integer, check_label_rows, check_range
 from rpwjax.io import writers
 from rpwjax.io.atomic import atomic_outputs, check_outputs, read_json, write_json
 from rpwjax.io.csv_types import csv_column_types
@@ -356,6 +357,29 @@ def open_release(*, command: str, input_path, label_column, settings: dict, key_
                       key_file=key_file, budget=budget, what=what, identity_settings=identity_settings)
 
 
+def check_fit_epsilons(options: FitOptions, *, spend_prior: bool):
+    """Before any work (and before the release's identity is built from them): ``--epsilon`` and
+    ``--prior-epsilon`` positive and finite, and, where the fit builds a private histogram (a mechanism that
+    uses a prior, or ``spend_prior``, under ``--prior private``), its ε₁ large enough for the exact noise
+    sampler (:func:`rpwjax.noise.check_noise_epsilon`: ε₁ is ``--prior-epsilon``, else 0.1·ε)."""
+    if options.epsilon is not None:
+        check_epsilon(options.epsilon)
+    if options.prior_epsilon is not None:
+        check_epsilon(options.prior_epsilon, "prior_epsilon")
+    if options.epsilon is None or (options.prior or "private") == "empirical":
+        return
+    row = MECHANISMS.get(options.mechanism)
+    if row is None or not (row.uses_prior or spend_prior):
+        return
+    if options.prior_epsilon is not None:
+        noise.check_noise_epsilon(options.prior_epsilon, "prior_epsilon", divisor=2,
+                                  what=" of the private histogram")
+    else:
+        noise.check_noise_epsilon(options.epsilon, "epsilon", divisor=2 / DEFAULT_PRIOR_FRACTION,
+                                  what=f" of the private histogram (it gets epsilon_1 = {DEFAULT_PRIOR_FRACTION:g}"
+                                       "·epsilon; --prior-epsilon sets it)")
+
+
 def _seed_fields(secret: Secret) -> dict:
     return {"reproducible_seed": True, "seed_note": "integer seed: not for production"} if secret.reproducible else {}
 
@@ -372,6 +396,7 @@ def fit_file(labels_path, options: FitOptions, *, label_column=None, encoding=No
     unless ``prior_is_public``. ``report`` prints a warning line.
     """
     options.check(spend_prior=False)
+    check_fit_epsilons(options, spend_prior=False)
     if options.prior == "empirical" and (save or publish) and not prior_is_public:
         output = " and ".join(flag for flag, given in (("--save", save), ("--json", publish)) if given)
         raise InputError(
@@ -481,6 +506,11 @@ def privatize_file(
                   inputs=[input_path, params, key_file, ledger_path(ledger, key_file)])
     if range is not None:
         check_range(*range)  # before it joins the release's identity
+    # epsilon too (and, for an inline fit, its private histogram's share: before any work)
+    if params:  # no fit here: only the values (fit options with --params are refused below)
+        check_fit_epsilons(dataclasses.replace(options, mechanism=None), spend_prior=False)
+    else:
+        check_fit_epsilons(options, spend_prior=denoise == "posterior")
     # post-processing is not part of a release's identity (one release may be written raw and denoised), except
     # posterior denoising of an inline fit, which makes a prior-free mechanism's fit spend epsilon_1 on a histogram
     settings = dict(options.settings(), spend_prior=denoise == "posterior" and not params,

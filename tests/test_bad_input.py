@@ -160,6 +160,34 @@ PRIVATIZE_CASES = [
      ["label 1.5 in column 'y' lies outside the public range [0.0, 1.0], at data row 2 (line 3)"]),
     ("inline fit: Latin-1 label", b"id,y\n1,0.5\xe9\n", INLINE, 2, ["not valid utf-8: byte 0xe9 in column 'y'"]),
     ("input is a directory", None, None, 2, ["input file", "in.csv' is a directory: give a file"]),
+    # a refused or failed run creates no ledger either ({t}: the test's folder, where its ledger would be)
+    ("--budget passed", b"id,y\n1,0.5\n", LAPLACE + ["--budget", "0.5"], 2,
+     ["--budget 0.5: this release (epsilon 1) would take input", "nothing was written"]),
+    ("inline laplace: bad label late", b"id,y\n1,0.5\n2,0.5\n3,oops\n", LAPLACE + ["--chunk-rows", "1"], 2,
+     ["label 'oops' in column 'y' is not a number, at data row 3 (line 4)"]),
+    ("--ledger that is a CSV", b"id,y\n1,0.5\n", LAPLACE + ["--ledger", "{t}/in.csv"], 2,
+     ["ledger '{t}/in.csv' is not an rpwjax ledger: its first line is not a ledger record"]),
+    # epsilon and range checked before the release's identity is built, and before any work
+    ("epsilon nan", b"id,y\n1,0.5\n", ["--mechanism", "laplace", "--epsilon", "nan", "--range", "0", "1"], 2,
+     ["epsilon must be positive and finite, got epsilon=nan"]),
+    ("epsilon inf", b"id,y\n1,0.5\n", ["--mechanism", "laplace", "--epsilon", "inf", "--range", "0", "1"], 2,
+     ["epsilon must be positive and finite, got epsilon=inf"]),
+    ("epsilon 1e999", b"id,y\n1,0.5\n", ["--mechanism", "rpwithprior", "--epsilon", "1e999", "--range", "0", "1"],
+     2, ["epsilon must be positive and finite, got epsilon=inf"]),
+    ("rpwithprior at epsilon 1e-20", b"id,y\n1,0.5\n", ["--mechanism", "rpwithprior", "--epsilon", "1e-20",
+                                                         "--range", "0", "1"], 2,
+     ["epsilon is too small for the exact integer noise sampler of the private histogram", "got epsilon=1e-20",
+      "the smallest accepted is 1.95e-16"]),
+    ("rr-on-bins at prior epsilon 1e-20", b"id,y\n1,0.5\n",
+     ["--mechanism", "rr-on-bins", "--epsilon", "1", "--prior-epsilon", "1e-20", "--range", "0", "1"], 2,
+     ["prior_epsilon is too small for the exact integer noise sampler", "got prior_epsilon=1e-20",
+      "the smallest accepted is 1.95e-17"]),
+    ("laplace at epsilon 1e-300", b"id,y\n1,0.5\n", ["--mechanism", "laplace", "--epsilon", "1e-300", "--range",
+                                                      "0", "1"], 2,
+     ["laplace: epsilon=1e-300 on the range [0, 1] cannot be certified", "epsilon is too small for this range"]),
+    ("range wider than float64", b"id,y\n1,0.5\n",
+     ["--mechanism", "rpwithprior", "--epsilon", "1", "--range", "-1e308", "1e308"], 2,
+     ["range is too wide: its width hi - lo is not finite in float64, got range=(-1e+308, 1e+308)"]),
 ] + [
     # what cannot be certified is refused, the same way at every ε above the limit (one line: no overflow warning)
     (f"{name} at epsilon 1000", b"id,y\n1,0.5\n2,0.25\n3,0.75\n",
@@ -172,7 +200,8 @@ PRIVATIZE_CASES = [
 # mechanism refused for --denoise debias
 PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fit: label outside the range",
                   "rpwithprior at epsilon 1000", "rr-on-bins at epsilon 1000", "input is a directory",
-                  "--denoise debias for laplace")
+                  "--denoise debias for laplace", "--budget passed", "epsilon nan", "rpwithprior at epsilon 1e-20",
+                  "--ledger that is a CSV")
 
 
 @pytest.mark.parametrize("case, content, options, code, fragments", slow_unless(
@@ -181,9 +210,11 @@ def test_privatize_refuses_bad_input_with_one_line_and_leaves_nothing(shared, tm
                                                                        options, code, fragments):
     src = tmp_path / "in.csv"
     src.mkdir() if content is None else src.write_bytes(content)  # None: a directory where the input should be
-    options = options or []
+    options = [o.format(t=tmp_path) for o in options or []]
     if "--mechanism" not in options:  # a saved fit unless the case fits inline
         options = ["--params", shared / "p.json", *options]
+    if "--ledger" not in options:  # in the test's folder: a failed run must not create it
+        options += ["--ledger", tmp_path / "ledger.jsonl"]
     out = tmp_path / "new" / "dir" / "o.csv"  # the run may create these directories: they must go again
     got, stdout, err = run(["privatize", src, "-o", out, "--label-column", "y", "--key-file", shared / "key",
                             "--quiet", *options], capsys)
@@ -191,8 +222,8 @@ def test_privatize_refuses_bad_input_with_one_line_and_leaves_nothing(shared, tm
     assert err.count("\n") == 1 and err.endswith("\n"), err
     assert err.startswith("rpwjax privatize: error: ") and "internal error" not in err
     for fragment in fragments:
-        assert fragment in err, (fragment, err)
-    assert listing(tmp_path) == ["in.csv"]  # no output, no sidecar, no temporary file, no new directory
+        assert fragment.format(t=tmp_path) in err, (fragment, err)
+    assert listing(tmp_path) == ["in.csv"]  # no output, no sidecar, no ledger, no temporary file, no new directory
 
 
 def test_prior_options_of_a_prior_free_mechanism_count_when_it_denoises(shared, tmp_path, capsys):
@@ -375,6 +406,8 @@ EXISTING_CASES = [
      {"bench/results.json": b"{}\n"}, ["output '{t}/bench/results.json' already exists"]),
     ("bench with a file as its --cache", ["bench", "--quick", "--out", "{t}/bench", "--cache", "{t}/in.csv"],
      {}, ["--cache '{t}/in.csv' is a file: give a directory"]),
+    ("keygen into a directory", ["keygen", "-o", "{t}/keys"], {"keys/notes.txt": b"mine\n"},
+     ["key file '{t}/keys' is a directory: give a file name"]),
     ("reproduce --report-only on a folder without sweeps", ["reproduce", "--report-only", "--out", "{t}/plots"],
      {"plots/notes.txt": b"mine\n"}, ["--out '{t}/plots' holds no committed sweeps"]),
 ]
@@ -499,6 +532,17 @@ FIT_CASES = [
      ["--prior empirical with --save and --json publishes functions of the raw labels", "--prior-is-public"]),
     ("--prior-is-public without --prior empirical", "l.txt", b"0.5\n", ["--prior-is-public"],
      ["--prior-is-public does nothing without --prior empirical"]),
+    # epsilon and the range before any work; the ledger (in the test's folder) is never created by a failed fit
+    ("epsilon nan", "l.txt", b"0.5\n", ["--epsilon", "nan"], ["epsilon must be positive and finite, got epsilon=nan"]),
+    ("one epsilon of two inf", "l.txt", b"0.5\n", ["--epsilon", "1", "1e999"],
+     ["epsilon must be positive and finite, got epsilon=inf"]),
+    ("rpwithprior at epsilon 1e-20", "l.txt", b"0.5\n", ["--epsilon", "1e-20"],
+     ["epsilon is too small for the exact integer noise sampler of the private histogram", "got epsilon=1e-20",
+      "the smallest accepted is 1.95e-16"]),
+    ("rr-on-bins at epsilon 1e-20", "l.txt", b"0.5\n", ["--mechanism", "rr-on-bins", "--epsilon", "1e-20"],
+     ["epsilon is too small for the exact integer noise sampler", "got epsilon=1e-20"]),
+    ("range wider than float64", "l.txt", b"0.5\n", ["--range", "-1e308", "1e308"],
+     ["range is too wide: its width hi - lo is not finite in float64"]),
 ]
 
 
@@ -507,7 +551,7 @@ def test_fit_bad_input(tmp_path, capsys, case, name, content, options, fragments
     (tmp_path / name).mkdir() if content is None else (tmp_path / name).write_bytes(content)
     mechanism = [] if "--mechanism" in options else ["--mechanism", "rpwithprior"]
     code, _, err = run(["fit", "--labels", tmp_path / name, "--range", "0", "1", *mechanism, "--epsilon", "1",
-                        "--save", tmp_path / "out" / "p.json", *options], capsys)
+                        "--save", tmp_path / "out" / "p.json", "--ledger", tmp_path / "ledger.jsonl", *options], capsys)
     assert code == 2 and err.count("\n") == 1 and err.startswith("rpwjax fit: error: "), err
     for fragment in fragments:
         assert fragment in err, (fragment, err)
@@ -878,7 +922,8 @@ INLINE_FIT_MOMENTS = [("read pass", signal.SIGINT, 0.2), ("read pass", signal.SI
 def test_a_signal_during_an_inline_fit_stops_the_run(million, tmp_path, moment, sig, seconds):
     # once, in the fit (XLA compiling and running): "unfinished outputs were removed", then a segmentation fault
     # (exit 139) as the interpreter shut down around XLA's threads
-    proc = start(["privatize", million, "-o", "out/o.csv", "--label-column", "y", *INLINE, "--quiet"], tmp_path)
+    proc = start(["privatize", million, "-o", "out/o.csv", "--label-column", "y", *INLINE, "--quiet", "--ledger",
+                  "ledger.jsonl"], tmp_path)  # the ledger was checked before the read pass: it must not appear
     reading = lambda: _open_by(proc.pid, million.resolve())  # noqa: E731
     _wait(proc, reading)
     if moment == "fit":
@@ -916,6 +961,39 @@ def test_an_interrupted_run_leaves_nothing_and_says_one_line(shared, tmp_path, s
     assert proc.returncode == code, err
     assert err.count("\n") == 1 and f"interrupted by {signal.Signals(sig).name}" in err, err
     assert listing(tmp_path) == before  # no output, no sidecar, no .part file, no out/ directory
+
+
+# (case, options after the input and output ({t}: the test's folder, which holds in.csv and a key file), fragments of
+# the one-line message): a refused or failed privatize-table leaves nothing, its ledger included
+TABLE_CASES = [
+    ("--budget passed", ["--epsilon", "1", "--budget", "0.5", "--ledger", "{t}/ledger.jsonl"],
+     ["--budget 0.5: this release (epsilon 1) would take input", "nothing was written"]),
+    ("--budget passed, the key file's ledger", ["--epsilon", "1", "--budget", "0.5", "--key-file", "{t}/key"],
+     ["--budget 0.5", "nothing was written"]),
+    ("bad label late", ["--epsilon", "1", "--ledger", "{t}/ledger.jsonl", "--clip"],
+     ["label nan in column 'y' is not a finite number, at data row 40 (line 41)"]),
+    ("epsilon nan", ["--epsilon", "nan", "--ledger", "{t}/ledger.jsonl"],
+     ["epsilon must be positive and finite, got epsilon=nan"]),
+    ("epsilon 1e999", ["--epsilon", "1e999", "--ledger", "{t}/ledger.jsonl"],
+     ["epsilon must be positive and finite, got epsilon=inf"]),
+    ("epsilon 1e-300", ["--epsilon", "1e-300", "--ledger", "{t}/ledger.jsonl"],
+     ["epsilon is too small for the exact integer noise sampler", "got epsilon=1e-300", "the smallest accepted is 3.28e-10"]),
+    ("range wider than float64", ["--epsilon", "1", "--range", "-1e308", "1e308", "--ledger", "{t}/ledger.jsonl"],
+     ["range is too wide: its width hi - lo is not finite in float64"]),
+]
+
+
+@pytest.mark.parametrize("case, options, fragments", TABLE_CASES, ids=[c[0] for c in TABLE_CASES])
+def test_privatize_table_refuses_bad_input_and_leaves_nothing(tmp_path, capsys, case, options, fragments):
+    rows = [f"{i % 7 / 7:.3f},{i % 5 / 5:.3f}" for i in range(39)] + ["0.5,nan"]  # a bad label in the last row
+    (tmp_path / "in.csv").write_text("x,y\n" + "".join(r + "\n" for r in rows))
+    fixed_key(tmp_path / "key")
+    code, _, err = run(["privatize-table", tmp_path / "in.csv", "-o", tmp_path / "out" / "o.csv", "--label-column",
+                        "y", "--range", "0", "1", "--quiet", *[o.format(t=tmp_path) for o in options]], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("rpwjax privatize-table: error: "), err
+    for fragment in fragments:
+        assert fragment in err, (fragment, err)
+    assert listing(tmp_path) == ["in.csv", "key"]  # no output, no sidecar, no ledger (key.ledger.jsonl either)
 
 
 FEATURES_TABLE = "x,zip,y\n0.5,02134,0.25\n1.5,02139,0.75\n2.5,10001,0.5\n"

@@ -340,6 +340,30 @@ def _append_many(path, worker, count):
         ledger.commit(path, record)
 
 
+def test_only_a_commit_creates_the_ledger_and_a_file_that_is_no_ledger_is_named(tmp_path):
+    book = tmp_path / "new" / "book.jsonl"
+    record = ledger.new_record(release_id="ab" * 16, command="privatize",
+                               input={"name": "x.csv", "path": "/x.csv", "size": 1, "sha256": "0" * 64},
+                               label_column="y", rows=None, row_offset=0, epsilon=1.0, delta=0.0, settings={},
+                               key_fingerprint="f" * 16, reproducible_seed=False)
+    assert ledger.precheck(book, record)["epsilon_total"] == 1.0
+    with pytest.raises(rpwjax.InputError, match="--budget 0.5"):
+        ledger.precheck(book, record, budget=0.5)
+    assert list(tmp_path.iterdir()) == []  # the check before any work read it as empty: no file, no folder
+    ledger.commit(book, dict(record, rows=10))
+    assert len(ledger.read(book)) == 1
+    with open(book, "a") as f:
+        f.write("{not json\n")
+    with pytest.raises(rpwjax.InputError, match=r"line 2 is not a ledger record: the ledger is damaged; repair or move"):
+        ledger.read(book)
+    other = tmp_path / "data.csv"
+    other.write_text("a,b,y\n1,2,0.5\n")
+    for content in ("a,b,y\n1,2,0.5\n", '{"a": 1}\n', "[1, 2]\n"):
+        other.write_text(content)
+        with pytest.raises(rpwjax.InputError, match=r"ledger '.*data.csv' is not an rpwjax ledger: its first line"):
+            ledger.precheck(other, record)
+
+
 def test_ledger_appends_are_whole_under_concurrent_runs(tmp_path):
     book = tmp_path / "book.jsonl"
     ctx = multiprocessing.get_context("spawn")

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from rpwjax.io.atomic import atomic_outputs, check_outputs
 from rpwjax.io.source import TableSource, file_kind, progress_bar, read_labels
 from rpwjax.io.writers import copy_with_labels
+from rpwjax import noise
 from rpwjax.errors import InputError, check_epsilon, check_integer, check_range
 from rpwjax.keys import Secret, secret_record
 from rpwjax.pipelines import auto
@@ -34,6 +35,19 @@ from rpwjax.privatize import bind_release, open_release
 from rpwjax.tables import read_feature_table
 
 DEFAULT_EPOCHS = 50
+# An early refusal, before any label is read: a pipeline's exact integer noise has rate epsilon·share/R, R = 2^20
+# the resolution of its private sums (rpwjax.pipelines.statistics) and share the part of epsilon one release gets
+# (0.05 the smallest measured over the registry; 1/32 assumed here), so epsilon below noise.min_epsilon(R·32)
+# (about 3.3e-10) cannot be drawn. A smaller share is still refused, later, by the sampler itself
+# (rpwjax.noise.discrete_laplace), as an input error before anything is written.
+SAMPLER_DIVISOR = (1 << 20) * 32
+
+
+def check_pipeline_epsilon(epsilon) -> float:
+    """``epsilon`` of a pipeline, positive and finite and large enough for its exact noise sampler (checked before
+    any work: a pipeline releases statistics with :func:`rpwjax.noise.discrete_laplace` at a share of it)."""
+    return float(noise.check_noise_epsilon(epsilon, divisor=SAMPLER_DIVISOR,
+                                           what=" of the pipeline's private statistics (a share of epsilon each)"))
 
 
 def standardized(features) -> np.ndarray:
@@ -137,7 +151,7 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
     the feature choice in words.
     """
     row = lookup(pipeline)
-    eps = float(check_epsilon(epsilon))
+    eps = check_pipeline_epsilon(epsilon)
     lo, hi = check_range(lo, hi)
     secret = bind_release(secret, release_id, command="privatize-table", label_column=label_column,
                           settings=release_settings(pipeline, eps, (lo, hi), epochs, clip, features, exclude, encoding))
@@ -219,6 +233,7 @@ def privatize_table_file(input_path, output_path, *, label_column: str, range, e
     check_outputs([output_path, str(output_path) + ".json"], overwrite=overwrite,
                   inputs=[input_path, key_file, ledger_path(ledger, key_file)])
     check_range(*range)
+    check_pipeline_epsilon(epsilon)  # before it joins the release's identity, and before any work
     # the same identity privatize_table binds an unbound secret to, so that the Python call reproduces this release
     settings = release_settings(pipeline, epsilon, range, epochs, clip, features, exclude, encoding)
     run = open_release(command="privatize-table", input_path=input_path, label_column=label_column,
