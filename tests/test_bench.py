@@ -228,6 +228,7 @@ def test_results_are_written_after_every_group_and_a_spent_budget_skips_the_rest
     assert len([s for s in results["skipped"] if "time budget" in s]) == len(groups)
 
 
+@pytest.mark.slow  # compiles a pipeline (or times two benchmark groups): out of the fast subset
 def test_a_run_cut_short_leaves_no_new_file_and_an_earlier_run_as_it_was(tmp_path, monkeypatch):
     """Without checkpoint (the command line), results.json and the plots are written together at the end or not at
     all: a run interrupted after its first group leaves nothing new, not even its folder, nor a partial result over

@@ -290,6 +290,7 @@ def test_shards_that_fit_their_own_labels_never_share_histogram_noise(files, tmp
     np.testing.assert_array_equal(labels_of(tmp_path / "s2.csv"), again)
 
 
+@pytest.mark.slow  # compiles a pipeline (or times two benchmark groups): out of the fast subset
 def test_privatize_table_on_other_features_is_another_release(files, tmp_path, capsys):
     """privatize-table's identity includes the feature columns asked for: given back for other features, an id is
     refused as other settings (nothing written), never taken for a reproduction that the ledger would count once."""
