@@ -5,7 +5,7 @@ file, optionally a validation split of its training rows), refusing options
 that would do nothing; :func:`sweep_to` runs a sweep into a folder
 (results.csv and the plots, refused over an earlier sweep's unless
 ``overwrite`` and over its own input always: :func:`check_sweep_outputs`;
-written all together or not at all: :func:`write_sweep`) and returns the
+written all together or not at all: :func:`~rpwjax.experiments.plots.plot_curves`) and returns the
 lines to print.
 """
 
@@ -17,9 +17,9 @@ from rpwjax.api import check_bins
 from rpwjax.errors import InputError, check_integer
 from rpwjax.experiments.datasets import (VALIDATION_SEED, Split, load_dataset, load_table, train_test_split,
                                          validation_split)
-from rpwjax.experiments.plots import curve_plots, save_plots
-from rpwjax.experiments.sweeps import SweepConfig, format_table, run_sweep, summarize, write_rows_at
-from rpwjax.io.atomic import atomic_outputs, check_outputs
+from rpwjax.experiments.plots import plot_curves
+from rpwjax.experiments.sweeps import SweepConfig, format_table, run_sweep, summarize
+from rpwjax.io.atomic import check_outputs
 
 DEMO_CONFIG = dict(epsilons=(0.1, 0.5, 1.0, 2.0, 8.0), seeds=3, epochs=20)
 
@@ -69,17 +69,6 @@ def sweep_to(split: Split, config: SweepConfig, out_dir, *, progress: bool = Tru
     """Run ``config`` on ``split``, write DIR/results.csv and the plots; the summary table and paths to print."""
     rows = run_sweep(split, config, progress=progress)
     out = Path(out_dir)
-    paths = write_sweep(rows, out / "results.csv", out)
+    paths = plot_curves(rows, out, csv_path=out / "results.csv")
     return [format_table(summarize(rows)), f"results: {out / 'results.csv'}", *(f"plot: {p}" for p in paths)]
 
-
-def write_sweep(rows: list[dict], csv_path, plot_dir) -> list[Path]:
-    """Write ``rows`` to ``csv_path`` and their plots into ``plot_dir``, all together or none: each goes to a
-    temporary file first and all are renamed into place at the end (:func:`rpwjax.io.atomic.atomic_outputs`),
-    so an error, SIGINT or SIGTERM leaves no new file or folder and an earlier sweep's files as they were.
-    Returns the plots' paths."""
-    plots = curve_plots(rows, plot_dir)
-    with atomic_outputs(csv_path, *(path for path, _ in plots)) as (tmp_csv, *tmp_plots):
-        write_rows_at(rows, tmp_csv)
-        save_plots(plots, tmp_plots)
-    return [path for path, _ in plots]

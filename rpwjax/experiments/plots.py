@@ -13,21 +13,22 @@ from matplotlib.figure import Figure
 from rpwjax.io.atomic import atomic_outputs
 from rpwjax.mechanisms import MECHANISMS
 from rpwjax.experiments.sweeps import (NON_PRIVATE, mechanism_label, mechanism_order, series_name, settings_of, split_of,
-                                       splits_of, summarize)
+                                       splits_of, summarize, write_rows_at)
 
 
-def plot_curves(rows: list[dict], out_dir) -> list[Path]:
-    """Draw :func:`curve_plots` into ``out_dir``, all together or none (atomic); the paths written."""
+def plot_curves(rows: list[dict], out_dir, *, csv_path=None) -> list[Path]:
+    """Draw :func:`curve_plots` into ``out_dir`` (and, with ``csv_path``, write ``rows`` there as CSV), all
+    together or none: each goes to a temporary file and all are renamed into place at the end
+    (:func:`rpwjax.io.atomic.atomic_outputs`), so an error, SIGINT or SIGTERM leaves no new file or folder
+    and earlier files as they were. Returns the plots' paths."""
     plots = curve_plots(rows, out_dir)
-    with atomic_outputs(*(path for path, _ in plots)) as temps:
-        save_plots(plots, temps)
+    csv = [] if csv_path is None else [csv_path]
+    with atomic_outputs(*csv, *(path for path, _ in plots)) as temps:
+        if csv:
+            write_rows_at(rows, temps[0])
+        for (_, draw), tmp in zip(plots, temps[len(csv):]):
+            draw().savefig(tmp, format="png", dpi=120)  # a temporary name ends in .part: the format is given
     return [path for path, _ in plots]
-
-
-def save_plots(plots, temps):
-    """Draw each of ``plots`` (from :func:`curve_plots`) as PNG at the matching temporary path of ``temps``."""
-    for (_, draw), tmp in zip(plots, temps):
-        draw().savefig(tmp, format="png", dpi=120)  # a temporary name ends in .part: the format is given
 
 
 def curve_plots(rows: list[dict], out_dir) -> list[tuple[Path, Callable[[], Figure]]]:

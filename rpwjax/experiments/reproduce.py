@@ -31,7 +31,7 @@ from rpwjax.errors import InputError
 from rpwjax.experiments.datasets import load_dataset, train_test_split, validation_split
 from rpwjax.experiments.plots import plot_curves
 from rpwjax.experiments.sweeps import (NON_PRIVATE, format_target_table, read_rows, series_name, summarize,
-                                       target_table, write_rows)
+                                       target_table)
 from rpwjax.mechanisms import MECHANISMS
 from rpwjax.pipelines import auto
 from rpwjax.pipelines.statistics import principal_scores
@@ -174,8 +174,7 @@ def beyond_report(out) -> str:
                     raise RuntimeError(f"{dataset}: rpwithprior eps={r['epsilon']} seed={r['seed']} differs from the "
                                        "committed paper-setting sweep: the two runs are not comparable")
         rows = paper + [r for r in beyond if r["mechanism"] not in MECHANISMS and r["mechanism"] != "non-private"]
-        write_rows(rows, out / "beyond" / dataset / "curves.csv")
-        plot_curves(rows, out / "beyond" / dataset)
+        plot_curves(rows, out / "beyond" / dataset, csv_path=out / "beyond" / dataset / "curves.csv")
         combined += rows
     table = format_target_table(target_table(summarize(combined), max_epsilon=MAX_BEYOND_EPSILON))
     (out / "beyond" / "target.md").write_text(table + "\n")
