@@ -245,31 +245,42 @@ def prior_from_record(record: dict) -> Prior | None:
     return histogram_prior(saved["edges"], saved["masses"], kind=saved.get("kind", "histogram"))
 
 
-def one_record(record) -> dict:
-    """The single fit record of a params file (a ``--save`` object or a one-element ``fit --json`` list)."""
+def _params_file(name: str | None) -> str:
+    """How a refusal names a params file: by its path when known."""
+    return f"params file {name!r}" if name is not None else "a params file"
+
+
+def one_record(record, *, name: str | None = None) -> dict:
+    """The single fit record of a params file (a ``--save`` object or a one-element ``fit --json`` list).
+
+    ``name`` (the file's path, when the record was read from one) is named by the refusals."""
+    where = f" {name!r}" if name is not None else ""
     if isinstance(record, list):
         if len(record) != 1:
-            raise InputError(f"a params file must hold exactly one fit, got {len(record)}")
+            raise InputError(f"{_params_file(name)} must hold exactly one fit, got {len(record)}")
         record = record[0]
     if not isinstance(record, dict) or "mechanism" not in record or "params" not in record:
-        raise InputError("params file is not an rpwjax fit record (needs 'mechanism' and 'params')")
+        raise InputError(f"params file{where} is not an rpwjax fit record (needs 'mechanism' and 'params')")
     return record
 
 
-def load_params(record: dict) -> tuple[Mechanism, dict]:
+def load_params(record: dict, *, name: str | None = None) -> tuple[Mechanism, dict]:
     """Parameters for ONE ε from a ``--save`` record (or a one-element ``fit --json`` list).
 
     This only parses (with each mechanism's own ``from_json`` validation); it does not check that the record's
     stated ε and δ hold for the parameters. :func:`rpwjax.audit.verify.verify_record` does (``privatize --params`` runs it).
+    ``name`` (the file's path) is named by the refusals of the record's shape.
     """
-    record = one_record(record)
+    record = one_record(record, name=name)
+    where = f" {name!r}" if name is not None else ""
     cls = entry(record["mechanism"]).params
     try:
         params = cls.from_json(record["params"])
     except (KeyError, TypeError, ValueError) as err:
-        raise InputError(f"params file for {record['mechanism']} is missing or has a bad field: {err}") from None
+        raise InputError(f"params file{where} for {record['mechanism']} is missing or has a bad field: {err}") \
+            from None
     if params.batch_shape != ():
-        raise InputError(f"a params file must hold parameters for one epsilon, got shape {params.batch_shape}")
+        raise InputError(f"{_params_file(name)} must hold parameters for one epsilon, got shape {params.batch_shape}")
     return params, record
 
 

@@ -199,7 +199,7 @@ def cmd_curves(args) -> int:
         bins=args.bins, denoise=tuple(args.denoise or ()), variants=tuple(args.variants or ()),
         configs=tuple(dict.fromkeys(args.config)),
     )
-    print("\n".join(sweep_to(split, config, args.out, progress=not args.quiet)))
+    print("\n".join(sweep_to(split, config, args.out, progress=not args.quiet, overwrite=args.overwrite)))
     if args.data is not None:  # with the results (an error stays one line); even with --quiet
         print("rpwjax curves: warning: an experiment, not a release: test and label MSE are measured against the "
               "true labels, a non-private model may join them, and the noise comes from integer seeds, so "
@@ -292,7 +292,7 @@ def cmd_demo(args) -> int:
     print("rpwjax demo: all six mechanisms on bundled California Housing, eps in {0.1, 0.5, 1, 2, 8}, "
           f"3 seeds, 20 epochs, private histogram prior (eps1 = 0.1 eps, {config.bins} bins)")
     split = train_test_split(load_dataset("california"), seed=0)
-    print("\n".join(sweep_to(split, config, args.out, progress=not args.quiet)))
+    print("\n".join(sweep_to(split, config, args.out, progress=not args.quiet, overwrite=args.overwrite)))
     return 0
 
 

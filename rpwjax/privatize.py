@@ -314,7 +314,7 @@ def load_release_params(path, *, prior_is_public: bool = False, range=None):
     the file's is refused. ``prior`` is the saved histogram (None when none
     was saved).
     """
-    _, record = load_params(read_json(path))
+    _, record = load_params(read_json(path), name=str(path))
     params, record, verified = verified_release(record, name=str(path))
     record = dict(record, verified=verified)
     prior = prior_from_record(record)

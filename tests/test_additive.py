@@ -256,3 +256,48 @@ def test_bad_epsilon_raises(fit):
         fit(PRIOR, -1.0)
     with pytest.raises(InputError, match="epsilon=0.0"):
         fit(PRIOR, [1.0, 0.0])
+
+
+# --------------------------------------------------------------------------- tiny ε
+
+
+def staircase_variance_textbook(epsilon, gamma, width):
+    """E[X²] of the staircase noise by the sums S_j of its docstring, in float64 numpy (fine down to ε ≈ 1e-100,
+    where (1 - b)³ is still a normal float64)."""
+    eps, g = np.float64(epsilon), np.float64(gamma)
+    b, one_minus_b = np.exp(-eps), -np.expm1(-eps)
+    s0, s1, s2 = 1 / one_minus_b, b / one_minus_b**2, b * (1 + b) / one_minus_b**3
+    bracket = 3 * s2 * (g + b * (1 - g)) + 3 * s1 * (g**2 + b * (1 - g**2)) + s0 * (g**3 + b * (1 - g**3))
+    return width**2 * one_minus_b / (3 * (g + (1 - g) * b)) * bracket
+
+
+@pytest.mark.parametrize("name", ["laplace", "staircase"])
+def test_tiny_epsilon_variance_is_float64_and_releases(name):
+    """At ε = 1e-17 (above the exact sampler's smallest, rpwjax.noise.min_epsilon()) the noise variance
+    passes float32's range (staircase) or loses float32 precision (Laplace): it is computed in float64, so
+    the release's grid search finds a finite grid instead of refusing ε as too small for the range. Far
+    smaller ε work too, as long as the variance itself fits in float64 (about 2Δ²/ε²)."""
+    import rpwjax
+    from rpwjax import noise
+
+    assert not jax.config.jax_enable_x64  # the default float32 mode, where the variance used to overflow
+    width = HI - LO
+    epsilon = 1e-17
+    assert epsilon >= noise.min_epsilon()
+    params, _ = FITS[name](PRIOR, epsilon)
+    variance = params.noise_variance()
+    if name == "laplace":
+        expected = 2 * (width / epsilon) ** 2
+    else:
+        expected = staircase_variance_textbook(epsilon, params.gamma, width)
+    assert np.asarray(variance).dtype == np.float64
+    assert np.isfinite(expected) and expected > 0
+    np.testing.assert_allclose(variance, expected, rtol=1e-13)
+    out = rpwjax.release(params, Secret.from_seed(0), np.array([LO, 1.0, HI]))
+    assert out.dtype == np.float64 and np.all(np.isfinite(out))
+    # the labels' dtype still sets the dtype of the MSE and variance on the device
+    assert params.mse(jnp.zeros(2, jnp.float32)).dtype == jnp.float32
+    # at ε = 1e-120, (1 - b)³ ≈ 1e-360 underflows float64, the variance ≈ 2Δ²/ε² = 4.5e240 does not
+    params, _ = FITS[name](PRIOR, 1e-120)
+    np.testing.assert_allclose(params.noise_variance(), 2 * (width / 1e-120) ** 2, rtol=1e-9)
+    assert np.all(np.isfinite(rpwjax.release(params, Secret.from_seed(0), np.array([LO, HI]))))

@@ -494,6 +494,58 @@ def test_a_file_that_is_not_parquet(shared, tmp_path, capsys):
     assert listing(tmp_path) == ["in.parquet"]
 
 
+def _privatize(src, tmp_path, shared, capsys, *options):
+    """``rpwjax privatize SRC`` into the test's folder: (exit code, stderr)."""
+    code, _, err = run(["privatize", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--key-file",
+                        shared / "key", "--ledger", tmp_path / "ledger.jsonl", "--quiet", *options], capsys)
+    assert err.count("\n") == 1 and err.startswith("rpwjax privatize: error: "), err
+    return code, err
+
+
+def test_a_label_beyond_float64_is_named_as_written(shared, tmp_path, capsys):
+    """1e400 parses as inf: the message names the text of the file, not the parsed value; an explicit inf keeps
+    its own message."""
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"id,y\n1,0.5\n2,1e400\n3,0.5\n")
+    code, err = _privatize(src, tmp_path, shared, capsys, *LAPLACE)
+    assert code == 2
+    assert "label '1e400' in column 'y' lies outside float64's range" in err and "label inf" not in err, err
+    assert f"at data row 2 (line 3) of {str(src)!r}" in err
+    src.write_bytes(b"id,y\n1,0.5\n2,-1E400\n")
+    code, err = _privatize(src, tmp_path, shared, capsys, *LAPLACE, "--clip")
+    assert code == 2 and "label '-1E400'" in err and "data row 2 (line 3)" in err, err
+    src.write_bytes(b"id,y\n1,0.5\n2,-Infinity\n3,1e400\n")  # the first bad row is named, as written
+    code, err = _privatize(src, tmp_path, shared, capsys, *LAPLACE)
+    assert code == 2 and "label -inf in column 'y' is not a finite number, at data row 2 (line 3)" in err, err
+    assert listing(tmp_path) == ["in.csv"]
+
+
+def test_a_params_file_without_params_is_named(shared, tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"id,y\n1,0.5\n")
+    record = json.loads((shared / "p.json").read_text())
+    del record["params"]
+    params = tmp_path / "no-params.json"
+    params.write_text(json.dumps(record))
+    code, err = _privatize(src, tmp_path, shared, capsys, "--params", params)
+    assert code == 2 and f"params file {str(params)!r} is not an rpwjax fit record" in err, err
+    assert listing(tmp_path) == ["in.csv", "no-params.json"]
+
+
+def test_utf16_without_a_byte_order_mark_names_the_file_and_the_encoding(shared, tmp_path, capsys):
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"id,y\n1,0.5\n")  # ASCII: UTF-16 needs a byte order mark to tell its byte order
+    code, err = _privatize(src, tmp_path, shared, capsys, *LAPLACE, "--encoding", "utf-16")
+    assert code == 2 and f"input file {str(src)!r} cannot be read as utf-16" in err and "BOM" in err, err
+    assert listing(tmp_path) == ["in.csv"]
+    # with the mark the same file reads
+    src.write_bytes("id,y\n1,0.5\n".encode("utf-16"))
+    code, _, err = run(["privatize", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--key-file",
+                        shared / "key", "--ledger", tmp_path / "ledger.jsonl", "--quiet", *LAPLACE, "--encoding",
+                        "utf-16"], capsys)
+    assert code == 0, err
+
+
 # --------------------------------------------------------------------------- fit and privatize-table
 
 FIT_CASES = [

@@ -304,3 +304,69 @@ def test_curves_cli_known_prior_paper_config_and_debias(tmp_path, capsys):
         ("rpwithprior", "empirical", "default"), ("rpwithprior", "empirical", "paper"),
         ("rpwithprior+debias", "empirical", "default"), (NON_PRIVATE, "empirical", "default")}
     assert "crime (empirical prior)" in out and "rpwithprior [paper]" in out
+
+
+def _small_csv(path):
+    """200 rows of two features and a label in [0, 1]: a sweep on it takes a few seconds."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 2))
+    y = np.clip(0.5 + 0.2 * x[:, 0] + 0.1 * rng.normal(size=200), 0, 1)
+    path.write_text("a,b,y\n" + "".join(f"{a:.4f},{b:.4f},{v:.4f}\n" for (a, b), v in zip(x, y)))
+    return path
+
+
+def test_curves_overwrite_removes_the_earlier_plots_it_does_not_draw_again(tmp_path, capsys):
+    """--overwrite over an earlier sweep leaves this sweep's results only: an earlier plot under another name
+    goes (in the same commit as the new files), a file the program never names stays."""
+    data = _small_csv(tmp_path / "in.csv")
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "results.csv").write_bytes(b"old results\n")
+    (out / "other_curves.png").write_bytes(b"old plot of another data set")
+    (out / "in_curves.png").write_bytes(b"old plot")
+    (out / "notes.txt").write_bytes(b"mine\n")
+    code = cli.main(["curves", "--data", str(data), "--label-column", "y", "--range", "0", "1", "--mechanisms",
+                     "laplace", "--epsilon", "1", "--seeds", "1", "--epochs", "1", "--quiet", "--out", str(out),
+                     "--overwrite"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert sorted(p.name for p in out.iterdir()) == ["in_curves.png", "notes.txt", "results.csv"]
+    assert (out / "in_curves.png").read_bytes().startswith(b"\x89PNG")
+    assert (out / "notes.txt").read_bytes() == b"mine\n"
+    assert "other_curves.png" not in captured.out
+
+
+def test_plot_curves_keeps_the_earlier_plots_when_it_fails_or_is_not_asked_to_replace(tiny_sweep, tmp_path,
+                                                                                      monkeypatch):
+    from matplotlib.figure import Figure
+
+    from rpwjax.errors import InputError
+    from rpwjax.experiments.plots import plot_curves
+
+    out = tmp_path / "plots"
+    out.mkdir()
+    (out / "other_curves.png").write_bytes(b"old plot")
+    # without replace an earlier plot of another name is left alone
+    assert plot_curves(tiny_sweep, out) == [out / "crime_curves.png"]
+    assert sorted(p.name for p in out.iterdir()) == ["crime_curves.png", "other_curves.png"]
+    (out / "crime_curves.png").write_bytes(b"old crime plot")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    # a failure while drawing (after the plot's file was written) removes nothing
+    real = Figure.savefig
+
+    def broken(self, fname, *args, **kwargs):
+        real(self, fname, *args, **kwargs)
+        raise RuntimeError("plotting failed")
+
+    monkeypatch.setattr(Figure, "savefig", broken)
+    with pytest.raises(RuntimeError, match="plotting failed"):
+        plot_curves(tiny_sweep, out, csv_path=out / "results.csv", replace=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # a failure in the commit itself, after the new files are in place and other_curves.png was moved aside
+    # (the next earlier plot, zz_curves.png, is a key file, which is never removed), puts everything back
+    monkeypatch.setattr(Figure, "savefig", real)
+    (out / "zz_curves.png").write_bytes(bytes(range(32)).hex().encode() + b"\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(InputError, match="key file"):
+        plot_curves(tiny_sweep, out, csv_path=out / "results.csv", replace=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

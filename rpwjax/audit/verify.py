@@ -656,7 +656,7 @@ def audit_params_file(path, *, samples: int = DEFAULT_SAMPLES, seed: int = 0,
     samples = check_integer(samples, "samples")
     seed = check_integer(seed, "seed", 0)
     audit_seed = new_audit_seed() if audit_seed is None else check_integer(audit_seed, "audit_seed", 0)
-    params, record = check_record(fit_record(read_json(path)))
+    params, record = check_record(one_record(fit_record(read_json(path)), name=str(path)))
     keys = realized.key_space_check()
     report, broken = None, []
     if params is not None:

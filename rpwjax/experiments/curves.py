@@ -4,7 +4,8 @@
 file, optionally a validation split of its training rows), refusing options
 that would do nothing; :func:`sweep_to` runs a sweep into a folder
 (results.csv and the plots, refused over an earlier sweep's unless
-``overwrite`` and over its own input always: :func:`check_sweep_outputs`;
+``overwrite``, which also deletes the earlier plots it does not draw again, and over its own input always:
+:func:`check_sweep_outputs`;
 written all together or not at all: :func:`~rpwjax.experiments.plots.plot_curves`) and returns the
 lines to print.
 """
@@ -17,7 +18,7 @@ from rpwjax.api import check_bins
 from rpwjax.errors import InputError, check_integer
 from rpwjax.experiments.datasets import (VALIDATION_SEED, Split, load_dataset, load_table, train_test_split,
                                          validation_split)
-from rpwjax.experiments.plots import plot_curves
+from rpwjax.experiments.plots import PLOT_PATTERN, plot_curves
 from rpwjax.experiments.sweeps import SweepConfig, format_table, run_sweep, summarize
 from rpwjax.io.atomic import check_outputs
 
@@ -30,7 +31,7 @@ def check_sweep_outputs(out_dir, overwrite: bool, inputs=()):
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {str(out)!r} is a file: give a directory")
-    check_outputs([out / "results.csv", *sorted(out.glob("*_curves.png"))], overwrite=overwrite, inputs=inputs)
+    check_outputs([out / "results.csv", *sorted(out.glob(PLOT_PATTERN))], overwrite=overwrite, inputs=inputs)
 
 
 def curves_split(*, dataset=None, data=None, label_column=None, range=None, features=None, exclude=None,
@@ -65,10 +66,15 @@ def curves_split(*, dataset=None, data=None, label_column=None, range=None, feat
     return split
 
 
-def sweep_to(split: Split, config: SweepConfig, out_dir, *, progress: bool = True) -> list[str]:
-    """Run ``config`` on ``split``, write DIR/results.csv and the plots; the summary table and paths to print."""
+def sweep_to(split: Split, config: SweepConfig, out_dir, *, progress: bool = True,
+             overwrite: bool = False) -> list[str]:
+    """Run ``config`` on ``split``, write DIR/results.csv and the plots; the summary table and paths to print.
+
+    With ``overwrite`` the sweep replaces an earlier one: the earlier plots this sweep does not draw again are
+    deleted in the same commit (:func:`~rpwjax.experiments.plots.plot_curves`), so the folder never mixes
+    the results of two sweeps."""
     rows = run_sweep(split, config, progress=progress)
     out = Path(out_dir)
-    paths = plot_curves(rows, out, csv_path=out / "results.csv")
+    paths = plot_curves(rows, out, csv_path=out / "results.csv", replace=overwrite)
     return [format_table(summarize(rows)), f"results: {out / 'results.csv'}", *(f"plot: {p}" for p in paths)]
 

@@ -16,14 +16,23 @@ from rpwjax.experiments.sweeps import (NON_PRIVATE, mechanism_label, mechanism_o
                                        splits_of, summarize, write_rows_at)
 
 
-def plot_curves(rows: list[dict], out_dir, *, csv_path=None) -> list[Path]:
+PLOT_SUFFIX = "_curves.png"  # every plot :func:`curve_plots` names ends so, and no other file it writes does
+PLOT_PATTERN = f"*{PLOT_SUFFIX}"
+
+
+def plot_curves(rows: list[dict], out_dir, *, csv_path=None, replace: bool = False) -> list[Path]:
     """Draw :func:`curve_plots` into ``out_dir`` (and, with ``csv_path``, write ``rows`` there as CSV), all
     together or none: each goes to a temporary file and all are renamed into place at the end
     (:func:`rpwjax.io.atomic.atomic_outputs`), so an error, SIGINT or SIGTERM leaves no new file or folder
-    and earlier files as they were. Returns the plots' paths."""
+    and earlier files as they were. With ``replace`` (``--overwrite``) the folder then holds this run's plots
+    only: the files of ``out_dir`` named like a plot of :func:`curve_plots` (:data:`PLOT_PATTERN`) that this
+    run does not draw are deleted in the same commit, once everything new is in place; no other file is
+    touched. Returns the plots' paths."""
     plots = curve_plots(rows, out_dir)
     csv = [] if csv_path is None else [csv_path]
-    with atomic_outputs(*csv, *(path for path, _ in plots)) as temps:
+    drawn = {path for path, _ in plots}
+    stale = sorted(p for p in Path(out_dir).glob(PLOT_PATTERN) if p not in drawn) if replace else []
+    with atomic_outputs(*csv, *(path for path, _ in plots), remove=stale) as temps:
         if csv:
             write_rows_at(rows, temps[0])
         for (_, draw), tmp in zip(plots, temps[len(csv):]):
@@ -50,7 +59,7 @@ def curve_plots(rows: list[dict], out_dir) -> list[tuple[Path, Callable[[], Figu
         several = len(settings_of(summary, dataset)) > 1
         splits = len(splits_of(summary, dataset)) > 1  # named only when one file holds several splits
         stem = f"{dataset}_{prior}" if several else dataset
-        path = out_dir / (f"{stem}_split{split}_curves.png" if splits else f"{stem}_curves.png")
+        path = out_dir / (f"{stem}_split{split}{PLOT_SUFFIX}" if splits else f"{stem}{PLOT_SUFFIX}")
         plots.append((path, functools.partial(_figure, sub, dataset, split, prior, several, splits)))
     return plots
 

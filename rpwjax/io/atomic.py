@@ -108,7 +108,7 @@ def _remove_dirs(created):
             d.rmdir()
 
 
-def _commit(temps, targets):
+def _commit(temps, targets, remove=()):
     with interrupts.held():  # a signal waits until every output is in place, or none is
         backups, done = [], []
         try:
@@ -120,6 +120,15 @@ def _commit(temps, targets):
                     backups.append((backup, target))
                 os.replace(tmp, target)
                 done.append(target)
+            # files of an earlier run that this one does not replace: moved aside like a replaced target, so
+            # that a failure puts them back and success deletes them with the other backups
+            for path in remove:
+                if path in targets or path.is_dir() or not (path.exists() or path.is_symlink()):
+                    continue
+                _refuse_key_file(path)
+                backup = _temp_beside(path)
+                os.replace(path, backup)
+                backups.append((backup, path))
         except BaseException:
             for target in done:
                 with contextlib.suppress(OSError):
@@ -134,17 +143,21 @@ def _commit(temps, targets):
 
 
 @contextlib.contextmanager
-def atomic_outputs(*targets):
+def atomic_outputs(*targets, remove=()):
     """Temporary paths beside ``targets``, renamed onto them together only on success.
 
     An existing target is replaced, unless it is a key file (:func:`is_key_file`: never); the command
     line refuses existing outputs before any work unless ``--overwrite`` (:func:`check_outputs`).
+    ``remove`` names files (of an earlier run) that the same commit deletes once every target is in place:
+    on a failure they stay as they were. A directory, a path that is also a target, or one that does not
+    exist is skipped; a key file is refused as a target is.
     On any failure (an exception, ``KeyboardInterrupt``) the temporary files
     and the directories created for them are removed and existing targets are
     left as they were; both are registered with :mod:`rpwjax.interrupts`, so
     that the command line's SIGINT or SIGTERM removes them too.
     """
     targets = [Path(t) for t in targets]
+    remove = [Path(r) for r in remove]
     for t in targets:
         if t.is_dir():
             raise InputError(f"output {str(t)!r} is a directory: give a file name")
@@ -171,7 +184,7 @@ def atomic_outputs(*targets):
                 interrupts.register(temps[-1])
         yield tuple(temps)
         with interrupts.held():
-            _commit(temps, targets)
+            _commit(temps, targets, remove)
             interrupts.unregister(*temps, directories=created)
     except OSError as err:
         clean()

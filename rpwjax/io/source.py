@@ -170,7 +170,10 @@ class TableSource:
     def _open_csv(self):
         head = self._raw_head()
         self.bom = self.encoding == "utf-8" and head.startswith(UTF8_BOM)
-        text = codecs.getincrementaldecoder(self.encoding)(errors="replace").decode(head)
+        try:
+            text = codecs.getincrementaldecoder(self.encoding)(errors="replace").decode(head)
+        except UnicodeError as err:  # not a byte error (those are replaced): e.g. UTF-16 without a BOM
+            raise self._undecodable(err) from None
         self.newline = "\n"
         for i, ch in enumerate(text):
             if ch in "\r\n":
@@ -358,7 +361,23 @@ class TableSource:
             i = _first_bad(text, cast)
             raise InputError(f"label {show_value(text[i].as_py())} in column {self.label_column!r} is not a number, "
                              f"at {self.where(first_row + i)}") from None
-        return np.asarray(y.to_numpy(zero_copy_only=False), dtype=np.float64)
+        values = np.asarray(y.to_numpy(zero_copy_only=False), dtype=np.float64)
+        self._check_overflow(values, text, first_row)
+        return values
+
+    def _check_overflow(self, values, text, first_row: int):
+        """Refuse a label whose text is a finite number too large for float64 (e.g. ``1e400``, which parses as
+        inf), naming the text as given: the later finiteness check only sees the parsed inf. Only the batch's
+        first non-finite label is looked at (errors name the first bad row); one written as nan, inf or
+        infinity is left to that check."""
+        bad = np.flatnonzero(~np.isfinite(values))
+        if bad.size == 0 or not np.isinf(values[bad[0]]):
+            return
+        i = int(bad[0])
+        given = text[i].as_py()
+        if given.lstrip("+-").lower() not in ("inf", "infinity"):
+            raise InputError(f"label {show_value(given)} in column {self.label_column!r} lies outside float64's "
+                             f"range (it would read as {float(values[i])!r}), at {self.where(first_row + i)}")
 
     def columns(self, batch, first_row: int, out_kind: str) -> list:
         """The batch's columns for a writer of ``out_kind`` (the label's slot is ``None``).
@@ -431,10 +450,18 @@ class TableSource:
                         fields[0] = fields[0][1:]
                     yield index, start, fields
                     index += 1
+        except UnicodeError as err:  # a codec that refuses the file as a whole (undecodable bytes are escaped)
+            raise self._undecodable(err) from None
         finally:
             csv.field_size_limit(limit)
 
     # ------------------------------------------------------------------ failures
+    def _undecodable(self, err) -> InputError:
+        """The file cannot be read in its encoding at all (not one bad byte: e.g. ``--encoding utf-16`` on a
+        file without a byte order mark), naming the file and the encoding."""
+        return InputError(f"{self.what} {self.path!r} cannot be read as {self.encoding_name}: {one_line(err)} "
+                          "(give the file's encoding with --encoding)")
+
     def _decode_message(self, byte: int, column: str, where: str) -> str:
         hint = (" (if the file is in another encoding, give it with --encoding, e.g. --encoding latin-1)"
                 if self.encoding == "utf-8" else "")

@@ -74,8 +74,19 @@ def _prior_range(prior):
     return check_range(prior.lo, prior.hi)
 
 
+def _traced(*leaves) -> bool:
+    """Whether any of ``leaves`` is a tracer (inside jit/vmap), where only jnp can compute with it."""
+    return any(isinstance(leaf, jax.core.Tracer) for leaf in leaves)
+
+
 class _Additive(Mechanism):
-    """Shared parts of ``clip(y) + X`` with symmetric noise X of variance ``noise_variance()``."""
+    """Shared parts of ``clip(y) + X`` with symmetric noise X of variance ``noise_variance()``.
+
+    ``noise_variance()`` is a float64 numpy value when the parameters are concrete (the host computations
+    of :meth:`release_spec` need it: at a tiny ε it passes float32's range long before float64's), and a jnp
+    value of the leaves' dtype when they are traced; :meth:`mse` and :meth:`variance` cast it to the labels'
+    dtype either way.
+    """
 
     def noise_log_density(self, x):  # pragma: no cover - interface
         raise NotImplementedError
@@ -187,7 +198,10 @@ class Laplace(_Additive):
         return jnp.where(x < 0, tail, 1 - tail)
 
     def noise_variance(self):
-        return 2 * jnp.asarray(self.scale) ** 2
+        if _traced(self.scale):
+            return 2 * jnp.asarray(self.scale) ** 2
+        with np.errstate(over="ignore"):  # inf past float64's range: release_spec then refuses ε as too small
+            return 2 * np.asarray(self.scale, np.float64) ** 2
 
     def sample_from_uniform(self, u, y):
         """Inverse CDF at u in (0, 1): X = s·log(2u) below 1/2, -s·log(2(1 - u)) above (monotone in u)."""
@@ -424,14 +438,29 @@ def staircase_noise_mse(epsilon, gamma, width):
     with :math:`S_j = \sum_k k^j b^k`: :math:`S_0 = 1/(1-b)`, :math:`S_1 = b/(1-b)^2`,
     :math:`S_2 = b(1+b)/(1-b)^3` (from integrating x² over every step).
     """
-    eps, g = jnp.asarray(epsilon), jnp.asarray(gamma)
-    b = jnp.exp(-eps)
-    one_minus_b = -jnp.expm1(-eps)
-    s0 = 1 / one_minus_b
-    s1 = b / one_minus_b**2
-    s2 = b * (1 + b) / one_minus_b**3
-    bracket = 3 * s2 * (g + b * (1 - g)) + 3 * s1 * (g**2 + b * (1 - g**2)) + s0 * (g**3 + b * (1 - g**3))
-    return width**2 * one_minus_b / (3 * (g + (1 - g) * b)) * bracket
+    return _staircase_noise_mse(jnp, jnp.asarray(epsilon), jnp.asarray(gamma), width)
+
+
+def staircase_noise_mse64(epsilon, gamma, width):
+    """:func:`staircase_noise_mse` of concrete values in float64 numpy, whatever JAX's default dtype (inf
+    where E[X²] passes float64's range, at an ε too small for the range)."""
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        return _staircase_noise_mse(np, np.asarray(epsilon, np.float64), np.asarray(gamma, np.float64),
+                                    np.float64(width))
+
+
+def _staircase_noise_mse(xp, eps, g, width):
+    """The closed form of :func:`staircase_noise_mse` with the array module ``xp`` (jnp or np).
+
+    The leading 1 - b is multiplied into the bracket, (1-b)S_j, and r = b/(1-b) is divided by 1 - b once
+    more rather than 1 - b cubed: at a tiny ε, (1-b)³ ≈ ε³ would underflow to a subnormal or zero (an
+    inaccurate or infinite variance) long before the variance itself, about 2Δ²/ε², leaves the float range."""
+    b = xp.exp(-eps)
+    one_minus_b = -xp.expm1(-eps)
+    r = b / one_minus_b  # (1-b)S_1; (1-b)S_0 = 1 and (1-b)S_2 = r(1+b)/(1-b)
+    bracket = (3 * (r * (1 + b) / one_minus_b) * (g + b * (1 - g)) + 3 * r * (g**2 + b * (1 - g**2))
+               + (g**3 + b * (1 - g**3)))
+    return width**2 / (3 * (g + (1 - g) * b)) * bracket
 
 
 @params_dataclass(static=("lo", "hi", "gamma_rule"))
@@ -490,7 +519,9 @@ class Staircase(_Additive):
         return 0.5 + jnp.sign(x) * half
 
     def noise_variance(self):
-        return staircase_noise_mse(self.epsilon, self.gamma, self.hi - self.lo)
+        if _traced(self.epsilon, self.gamma):
+            return staircase_noise_mse(self.epsilon, self.gamma, self.hi - self.lo)
+        return staircase_noise_mse64(self.epsilon, self.gamma, self.hi - self.lo)
 
     def sample_from_uniform(self, u, y):
         r"""Inverse CDF at u in (0, 1) (monotone in u): the sign from u < 1/2, then |X| from its survival w.
