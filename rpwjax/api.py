@@ -358,12 +358,24 @@ def _same_zeta(params, fields: dict) -> bool:
     return abs(saved - refit) <= REFIT_TOLERANCE * max(abs(saved), abs(refit)) + REFIT_ABSOLUTE
 
 
+def histogram_epsilons(records) -> list[float]:
+    """The distinct positive ``epsilon_prior`` of a multi-epsilon fit's records: one private histogram each.
+
+    The records of one fit that share an ``epsilon_prior`` share its histogram (the noise is keyed by that
+    value, :func:`rpwjax.priors.private_histogram`): the same draw, released once and spent once."""
+    return list(dict.fromkeys(float(r["epsilon_prior"]) for r in records if float(r["epsilon_prior"]) > 0))
+
+
 def records_total(records) -> dict:
     """What publishing every record of a multi-epsilon fit together costs (basic composition)."""
-    spent = sum(r["epsilon_prior"] for r in records)
+    distinct = histogram_epsilons(records)
+    spent = sum(distinct)
     empirical = any(r["prior"]["kind"] == "empirical" for r in records)
-    note = (f"publishing all {len(records)} records together spends epsilon {spent:g} on their independent "
-            f"private histograms (the sum of their epsilon_prior); each record's epsilon holds for one record alone")
+    shared = sum(1 for r in records if float(r["epsilon_prior"]) > 0) - len(distinct)
+    note = (f"publishing all {len(records)} records together spends epsilon {spent:g} on their private histograms "
+            f"(the sum of their distinct epsilon_prior: {len(distinct)} independent histograms"
+            + (f"; records with the same epsilon_prior share one histogram, the same draw" if shared else "")
+            + "); each record's epsilon holds for one record alone")
     if empirical:
         note += "; the empirical-prior records are functions of the raw labels (private only if that prior is public)"
     return {"records": len(records), "epsilon_prior_total": spent, "empirical_prior": empirical, "note": note}

@@ -141,6 +141,20 @@ def _same_release(a: dict, b: dict) -> bool:
         a["rows"] is None or b["rows"] is None or a["rows"] == b["rows"])
 
 
+def _check_same_output(earlier: dict, record: dict):
+    """A reproduction must release what the recorded release did: both records' ``released_sha256`` (the
+    digest of the released values, when both have one) must agree. Otherwise the same id, key, input and
+    settings gave other values (the input was read otherwise, or the program changed), and those values came
+    from the same randomness as the recorded ones: refused, so the two never both leave the program."""
+    a, b = earlier.get("released_sha256"), record.get("released_sha256")
+    if a is not None and b is not None and a != b:
+        raise InputError(
+            f"release id {record['release_id']} was recorded ({earlier['command']} at {earlier['time']}) with other "
+            f"released values (sha256 {a[:12]}..., now {b[:12]}...): the same id, key, input and settings gave other "
+            "labels (the input was read differently or the program changed), so this is no reproduction, and it "
+            "would release with the same randomness; nothing was written. Drop --release-id for a new release")
+
+
 def _overlap(a: dict, b: dict) -> bool:
     if a["rows"] is None or b["rows"] is None:
         return False  # rows not read yet (the pre-check): the commit, which knows them, decides
@@ -213,6 +227,7 @@ def _check(records, record, budget) -> dict:
         if r["release_id"] != rid:
             continue
         if _same_release(r, record):
+            _check_same_output(r, record)
             reproduced = True
             continue
         same_input = _group(r) == _group(record)

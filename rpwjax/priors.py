@@ -241,9 +241,10 @@ def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, secret, clip:
     noise is drawn from ``secret`` (:class:`rpwjax.keys.Secret`) under
     ``purpose``; with ``keyed_by_epsilon`` each ε value gets its own noise,
     keyed by the value's float64 bits (:func:`rpwjax.keys.epsilon_index`, not
-    its position in the grid, so one cell of a sweep can be rerun alone). A
-    1-d ``epsilon_prior`` gives a result with a leading axis. ``accounting``, if given, gets one entry
-    "histogram" per ε released (:func:`histogram_spend`).
+    its position in the grid, so one cell of a sweep can be rerun alone): equal values in a 1-d
+    ``epsilon_prior`` give the same histogram, one release. A 1-d ``epsilon_prior`` gives a result with a
+    leading axis. ``accounting``, if given, gets one entry "histogram" per distinct ε released
+    (:func:`histogram_spend`).
     """
     lo, hi = check_range(lo, hi)
     eps1 = check_epsilon(epsilon_prior, "epsilon_prior")
@@ -253,7 +254,11 @@ def private_histogram(labels, lo, hi, epsilon_prior, *, bins: int, secret, clip:
     y = check_labels(labels, lo, hi, clip=clip)
     edges = np.linspace(lo, hi, bins + 1)
     flat = eps1.reshape(-1)
-    for e in flat if account(accounting) is not None else ():
+    if not keyed_by_epsilon and flat.size > 1:
+        # one key for several ε would scale the same noise draws: their differences would reveal the counts
+        raise InputError(f"a histogram not keyed by epsilon takes one epsilon, got {flat.size}")
+    # equal ε values draw from the same key, so they are one release (the same counts): spent once
+    for e in dict.fromkeys(flat.tolist()) if account(accounting) is not None else ():
         histogram_spend(accounting, "histogram", e, bins)
     noisy = np.stack([histogram_release(y, edges, e, secret, purpose, *((epsilon_index(e),) if keyed_by_epsilon else ()))
                       for e in flat]).astype(np.float64)

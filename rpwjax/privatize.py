@@ -24,6 +24,7 @@ and appended just before the outputs appear.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import warnings
 
@@ -31,7 +32,8 @@ import numpy as np
 
 from rpwjax import certify, ledger, noise
 from rpwjax.accounting import Accounting
-from rpwjax.api import DEFAULT_PRIOR_FRACTION, MECHANISMS, FitOptions, load_params, prior_from_record, records_total
+from rpwjax.api import (DEFAULT_PRIOR_FRACTION, MECHANISMS, FitOptions, histogram_epsilons, load_params,
+                        prior_from_record, records_total)
 from rpwjax.audit.verify import PUBLIC_PRIOR_KINDS, check_record, verified_release
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.errors import InputError, check_epsilon, check_integer, check_label_rows, check_range
@@ -65,16 +67,23 @@ def bind_release(secret: Secret, release_id=None, **identity) -> Secret:
     return secret.for_release(rid, **identity)
 
 
-def release_secret(secret: Secret, release_id=None, *, label_column=None) -> Secret:
+def encoding_settings(encoding) -> dict:
+    """``{"encoding": ...}`` when an encoding was given, else nothing: a release's identity and ledger settings
+    name the encoding its labels were read in (the same bytes read in another encoding can name another
+    column), and a release without one keeps the identity it always had."""
+    return {} if encoding is None else {"encoding": str(encoding)}
+
+
+def release_secret(secret: Secret, release_id=None, *, label_column=None, encoding=None) -> Secret:
     """The secret a file or data frame release draws from: ``secret.child("release")`` of the bound secret.
 
     Kept apart from the fit's ``child("fit")`` (the private histogram of an
     inline fit), so the two never share a key. An unbound ``secret`` is bound
-    to ``release_id`` (fresh by default) for a ``privatize`` of ``label_column``,
-    as ``rpwjax privatize --release-id ID --params ...`` binds it.
+    to ``release_id`` (fresh by default) for a ``privatize`` of ``label_column``
+    (read in ``encoding``, when given), as ``rpwjax privatize --release-id ID --params ...`` binds it.
     """
     return bind_release(secret, release_id, command="privatize", label_column=label_column,
-                        settings=None).child(RELEASE_PURPOSE)
+                        settings=encoding_settings(encoding) or None).child(RELEASE_PURPOSE)
 
 
 class ReleaseRun:
@@ -134,10 +143,14 @@ class ReleaseRun:
         ledger.precheck(self.ledger, self.record, self.budget)
         return self
 
-    def finish(self, rows: int, accounting: dict | None = None) -> dict:
+    def finish(self, rows: int, accounting: dict | None = None, released_sha256: str | None = None) -> dict:
         """Commit the record for ``rows``; ``accounting`` (a serialized :class:`rpwjax.accounting.Accounting`,
-        e.g. a pipeline's record) goes into it (:func:`rpwjax.ledger.account_fields`)."""
+        e.g. a pipeline's record) goes into it (:func:`rpwjax.ledger.account_fields`). ``released_sha256``, the
+        digest of what the release put out (:class:`ReleasedDigest`), lets the ledger refuse a claimed
+        reproduction that released other values."""
         self.record.update(rows=int(rows))
+        if released_sha256 is not None:
+            self.record["released_sha256"] = str(released_sha256)
         if accounting is not None:
             self.record["accounting"] = ledger.account_fields(self.record, accounting)
         status = ledger.commit(self.ledger, self.record, self.budget)
@@ -147,6 +160,27 @@ class ReleaseRun:
                              "delta_total_on_input": status["delta_total"],
                              "releases_of_input": status["previous_releases"] + (0 if status["reproduced"] else 1)}}
         return fields
+
+
+class ReleasedDigest:
+    """SHA-256 of released values as float64, fed in row order (chunk by chunk): the ledger's check that a
+    reproduction released the same values (:func:`rpwjax.ledger.commit`). The values leave the program
+    anyway, so their digest tells nothing more."""
+
+    def __init__(self):
+        self._hash = hashlib.sha256()
+
+    def update(self, values) -> None:
+        self._hash.update(np.ascontiguousarray(np.asarray(values, dtype="<f8")).tobytes())
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+    @classmethod
+    def of(cls, values) -> str:
+        digest = cls()
+        digest.update(values)
+        return digest.hexdigest()
 
 
 def randomness_record(secret: Secret, record: dict) -> dict:
@@ -229,9 +263,9 @@ def release_file(
     ``release_id`` reproduces a release, or privatizes another shard of it
     (default: a fresh one, unless ``secret`` is already bound to a release);
     the sidecar records it with the row offset and the row count.
-    ``before_commit(rows)``, if given, runs once the output is complete and
-    before it appears (the CLI appends the ledger record there); the dict it
-    returns joins the sidecar.
+    ``before_commit(rows, released_sha256)``, if given, runs once the output is complete and
+    before it appears (the CLI appends the ledger record there, with the digest of the released
+    values before any post-processing: :class:`ReleasedDigest`); the dict it returns joins the sidecar.
     ``postprocess`` (e.g. posterior denoising) maps the private labels of each
     chunk before they are written; it must be a function of the private
     labels and public quantities only. ``output_path.json`` receives ``record`` plus the row count.
@@ -242,7 +276,7 @@ def release_file(
 
     out_kind = file_kind(output_path, what="output file")
     file_kind(input_path, what="input file")
-    key = release_secret(secret, release_id, label_column=label_column)
+    key = release_secret(secret, release_id, label_column=label_column, encoding=encoding)
     if postprocess is not None and postprocess_range is None:
         raise InputError("postprocess needs postprocess_range, the public interval its values lie in")
     chunk_rows = check_chunk_rows(chunk_rows)
@@ -257,6 +291,7 @@ def release_file(
     sidecar_path = str(output_path) + ".json"
     output_spec = spec(params)  # public, the same for every chunk: computed once
     certify.certify(params, output_spec)  # before any output: the realized check of these exact parameters (cached)
+    digest = ReleasedDigest()  # of the release itself, before any post-processing (not part of its identity)
 
     def released(first: int, y: np.ndarray) -> np.ndarray:
         check_label_rows(y, params.lo, params.hi, clip=clip, first_row=first, where=source.where,
@@ -268,6 +303,7 @@ def release_file(
             raise InputError(f"row_offset (--row-offset) {row_offset} plus the rows of {str(input_path)!r} passes the "
                              f"last global row index 2^63 - 1 at {source.where(MAX_GLOBAL_ROWS - row_offset + 1)}")
         noisy = release(params, key, y, start=start, output_spec=output_spec)
+        digest.update(noisy)
         if postprocess is not None:
             noisy = np.clip(np.asarray(postprocess(noisy), dtype=np.float64), *postprocess_range)
         return noisy
@@ -288,7 +324,7 @@ def release_file(
                        postprocessing=postprocess_name, **randomness_record(secret, record),
                        release_id=key.release_id, row_offset=row_offset)
         if before_commit is not None:
-            sidecar.update(before_commit(rows))
+            sidecar.update(before_commit(rows, digest.hexdigest()))
         tmp_json.write_text(json.dumps(sidecar, indent=2) + "\n")
     return sidecar
 
@@ -410,15 +446,17 @@ def fit_file(labels_path, options: FitOptions, *, label_column=None, encoding=No
     elif overwrite:
         raise InputError("--overwrite does nothing without --save (fit writes no other file)")
     lo, hi = check_range(*options.range)
-    run = open_release(command="fit", input_path=labels_path, label_column=label_column, settings=options.settings(),
+    run = open_release(command="fit", input_path=labels_path, label_column=label_column,
+                       settings=dict(options.settings(), **encoding_settings(encoding)),
                        key_file=key_file, seed=seed, release_id=release_id, ledger_file=ledger_file, budget=budget,
                        what="labels file", report=report)
     labels = read_labels(labels_path, label_column, encoding=encoding, check=(lo, hi, options.clip))
     epsilon = options.epsilon
     epsilon = epsilon[0] if not np.isscalar(epsilon) and len(epsilon) == 1 else epsilon
     records = options.fit(labels, epsilon, run.fit_secret()).records()
-    # what leaves a fit is its private histogram(s): epsilon_1 per epsilon, spent on these labels
-    run.start(sum(float(r["epsilon_prior"]) for r in records), mechanism=options.mechanism)
+    # what leaves a fit is its private histogram(s): epsilon_1 per distinct epsilon_1 (equal ones are one draw)
+    histograms = histogram_epsilons(records)
+    run.start(sum(histograms), mechanism=options.mechanism)
     for r in records:
         r.update(_seed_fields(run.secret), release_id=run.release_id)
     if len(records) > 1:
@@ -433,12 +471,14 @@ def fit_file(labels_path, options: FitOptions, *, label_column=None, encoding=No
         if problems:
             raise InputError(f"--save: these parameters cannot be released: {problems[0]}")
     account = Accounting(labels.size, run.record["epsilon"])
-    for r in records:
-        if float(r["epsilon_prior"]) > 0:
-            account.spend("prior-histogram", float(r["epsilon_prior"]),
-                          sensitivity="one label moves one count between two bins",
-                          mechanism=f"the histogram's exact integer noise, fit for epsilon {float(r['epsilon']):g}")
-    run.finish(labels.size, account.to_json())
+    for e1 in histograms:
+        fits = ", ".join(f"{float(r['epsilon']):g}" for r in records if float(r["epsilon_prior"]) == e1)
+        account.spend("prior-histogram", e1, sensitivity="one label moves one count between two bins",
+                      mechanism=f"the histogram's exact integer noise, fit for epsilon {fits}")
+    # what the fit put out is its private histograms: their digest checks a reproduction
+    private = [r["prior"].get("masses", []) for r in records if float(r["epsilon_prior"]) > 0]
+    run.finish(labels.size, account.to_json(),
+               ReleasedDigest.of(np.concatenate([np.ravel(m) for m in private])) if private else None)
     if save:
         write_json(save, records[0])
     return records, run.line
@@ -514,10 +554,12 @@ def privatize_file(
     # post-processing is not part of a release's identity (one release may be written raw and denoised), except
     # posterior denoising of an inline fit, which makes a prior-free mechanism's fit spend epsilon_1 on a histogram
     settings = dict(options.settings(), spend_prior=denoise == "posterior" and not params,
-                    params=None if not params else file_sha256(params, "params file"))
+                    params=None if not params else file_sha256(params, "params file"), **encoding_settings(encoding))
+    # a --params release keys on the parameters (and the encoding, when given), as release_file does
     run = open_release(command="privatize", input_path=input_path, label_column=label_column, settings=settings,
                        key_file=key_file, seed=seed, secret=secret, release_id=release_id, ledger_file=ledger,
-                       budget=budget, row_offset=row_offset, identity_settings=None if params else "same",
+                       budget=budget, row_offset=row_offset,
+                       identity_settings=(encoding_settings(encoding) or None) if params else "same",
                        report=report)
     if denoise == "debias" and mechanism is not None:
         check_debias(mechanism)  # before any fit
@@ -534,7 +576,7 @@ def privatize_file(
     # the release draws from secret.child("release"); an inline fit from run.fit_secret()
     sidecar = release_file(input_path, output_path, label_column=label_column, params=params, secret=run.secret,
                            record=record, chunk_rows=chunk_rows, clip=clip, progress=progress, row_offset=row_offset,
-                           encoding=encoding, before_commit=lambda rows: _finish(run, rows, record, inline=inline),
+                           encoding=encoding, before_commit=lambda rows, digest: _finish(run, rows, record, digest, inline=inline),
                            **post)
     if run.line and report is not None:
         report(run.line)
@@ -555,12 +597,12 @@ def mechanism_account(rows: int, record: dict, *, epsilon: float, delta: float, 
     return account
 
 
-def _finish(run: ReleaseRun, rows: int, record: dict, *, inline: bool) -> dict:
+def _finish(run: ReleaseRun, rows: int, record: dict, released_sha256: str, *, inline: bool) -> dict:
     """Commit the run with its account (an inline fit's histogram read these labels; a params file's did not)
-    and return the sidecar's fields, the account among them."""
+    and the digest of its released values; return the sidecar's fields, the account among them."""
     account = mechanism_account(rows, record, epsilon=run.record["epsilon"], delta=run.record["delta"],
                                 histogram=inline).to_json()
-    return dict(run.finish(rows, account), accounting=account)
+    return dict(run.finish(rows, account, released_sha256), accounting=account)
 
 
 def _params_release(path, options: FitOptions, run: ReleaseRun, prior_is_public: bool):

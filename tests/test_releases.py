@@ -20,6 +20,8 @@ import pytest
 import rpwjax
 from rpwjax import ledger, stream
 from rpwjax.keys import Secret
+from rpwjax.priors import private_histogram
+from rpwjax.privatize import ReleasedDigest
 from helpers import fixed_key, run, slow_unless
 
 LO, HI = 0.0, 1.0
@@ -316,6 +318,99 @@ def test_privatize_table_on_other_features_is_another_release(files, tmp_path, c
     np.testing.assert_array_equal(labels_of(tmp_path / "again.csv"), labels_of(tmp_path / "both.csv"))
     (group,) = ledger.summaries(ledger.read(book))
     assert group["epsilon_total"] == 1.0 and len(group["releases"]) == 1
+
+
+def _two_columns_one_name(path, a, b):
+    """A CSV whose header names column A 'Ã©' in UTF-8 and column B 'Ã©' in latin-1 (the same bytes)."""
+    header = "x,".encode() + "Ã©".encode("utf-8") + b"," + "é".encode("utf-8") + b"\n"
+    body = "".join(f"{i},{float(u)!r},{float(v)!r}\n" for i, (u, v) in enumerate(zip(a, b))).encode()
+    path.write_bytes(header + body)
+    return path
+
+
+@pytest.mark.parametrize("how", ["inline", "params", "fit"])
+def test_one_release_id_in_another_encoding_is_another_release(files, tmp_path, capsys, how):
+    """The same bytes read in another --encoding can name another label column: the encoding joins the release's
+    identity, so giving the id back with it is refused as other settings, not taken for a reproduction that would
+    draw the same noise for other labels and count it once."""
+    d, a, b = files
+    src = _two_columns_one_name(tmp_path / "enc.csv", a[:1000], b[:1000])
+    book = tmp_path / "book.jsonl"
+    column = ["--label-column", "Ã©", "--range", LO, HI, "--key-file", d / "key", "--ledger", book]
+    if how == "fit":
+        first = ["fit", "--labels", src, *column, "--mechanism", "rpwithprior", "--epsilon", "1", "--json"]
+    else:
+        first = ["privatize", src, "-o", tmp_path / "e1.csv", *column, "--quiet"]
+        if how == "params":
+            code, _, err = run(["fit", "--labels", src, *column[:5], "--mechanism", "laplace", "--epsilon", "1",
+                                "--save", tmp_path / "p.json"], capsys)
+            assert code == 0, err
+            first += ["--params", tmp_path / "p.json"]
+        else:
+            first += ["--mechanism", "laplace", "--epsilon", "1"]
+    code, out, err = run(first, capsys)
+    assert code == 0, err
+    rid = first_json(out)["release_id"] if how == "fit" else sidecar(tmp_path / "e1.csv")["release_id"]
+    second = [str(v) for v in first]
+    if how != "fit":
+        second[second.index(str(tmp_path / "e1.csv"))] = str(tmp_path / "e2.csv")
+    recorded = ledger.read(book)
+    code, _, err = run([*second, "--release-id", rid, "--encoding", "latin-1"], capsys)
+    assert code == 2 and "already used" in err, err
+    assert not (tmp_path / "e2.csv").exists()
+    assert ledger.read(book) == recorded
+
+
+def test_a_reproduction_that_releases_other_values_is_refused(files, tmp_path, capsys):
+    """The ledger keeps the digest of what each release put out: a claimed reproduction (same id, key, input and
+    settings) that released other values (the program changed between the two) is refused and writes nothing;
+    a true reproduction still counts once."""
+    d, _, _ = files
+    book = tmp_path / "book.jsonl"
+    args = ["--mechanism", "laplace", "--epsilon", "1", "--ledger", book]
+    first = privatize(capsys, d / "day1.csv", tmp_path / "a.csv", d / "key", *args)
+    rid = sidecar(tmp_path / "a.csv")["release_id"]
+    (record,) = ledger.read(book)
+    assert record["released_sha256"] == ReleasedDigest.of(first)
+    again = privatize(capsys, d / "day1.csv", tmp_path / "b.csv", d / "key", *args, "--release-id", rid)
+    np.testing.assert_array_equal(first, again)
+    assert len(ledger.read(book)) == 2 and ledger.summaries(ledger.read(book))[0]["epsilon_total"] == 1.0
+    # the recorded release put out other values (as an earlier version of the program would have)
+    lines = book.read_text().splitlines()
+    changed = dict(json.loads(lines[0]), released_sha256="0" * 64)
+    book.write_text("\n".join([json.dumps(changed, sort_keys=True), *lines[1:]]) + "\n")
+    code, _, err = run(["privatize", d / "day1.csv", "-o", tmp_path / "c.csv", "--label-column", "y", "--range", LO,
+                        HI, "--key-file", d / "key", "--quiet", *args, "--release-id", rid], capsys)
+    assert code == 2 and "other released values" in err and "nothing was written" in err, err
+    assert not (tmp_path / "c.csv").exists() and not (tmp_path / "c.csv.json").exists()
+    assert len(ledger.read(book)) == 2
+
+
+def test_epsilons_that_share_a_prior_epsilon_share_one_histogram_spent_once(files, tmp_path, capsys):
+    """Two ε of one fit with the same --prior-epsilon draw the same histogram (its noise is keyed by that ε₁): it
+    is one release, charged once in the ledger and in the records' total, and said to be shared."""
+    d, a, _ = files
+    src = write_table(tmp_path / "y.csv", a[:5000])
+    book = tmp_path / "book.jsonl"
+    code, out, err = run(["fit", "--labels", src, "--label-column", "y", "--range", LO, HI, "--mechanism",
+                          "rpwithprior", "--epsilon", "1", "2", "--prior-epsilon", "0.1",
+                          "--key-file", d / "key", "--ledger", book, "--json"], capsys)
+    assert code == 0, err
+    records = [json.loads(line) for line in out.strip().splitlines()]
+    records = records[0] if isinstance(records[0], list) else records
+    masses = [np.asarray(r["prior"]["masses"]) for r in records]
+    np.testing.assert_array_equal(masses[0], masses[1])
+    total = records[0]["all_records"]
+    assert total["epsilon_prior_total"] == 0.1 and "share one histogram" in total["note"]
+    (group,) = ledger.summaries(ledger.read(book))
+    assert group["epsilon_total"] == 0.1
+    # other prior epsilons are other histograms, each spent
+    prior = private_histogram(a[:5000], LO, HI, np.array([0.1, 0.1, 0.2]), bins=32, secret=Secret.from_seed(1))
+    np.testing.assert_array_equal(prior.mass[0], prior.mass[1])
+    assert np.sum(np.abs(prior.mass[0] - prior.mass[2]) > 1e-12) > 4
+    with pytest.raises(rpwjax.InputError, match="one epsilon"):
+        private_histogram(a[:100], LO, HI, np.array([0.1, 0.2]), bins=8, secret=Secret.from_seed(1),
+                                        keyed_by_epsilon=False)
 
 
 def test_the_key_itself_is_refused_as_a_release_id(files, tmp_path, capsys):
