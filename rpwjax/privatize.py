@@ -661,7 +661,9 @@ def _postprocess(params: Mechanism, record: dict, prior, denoise: str) -> tuple[
                 "histogram (fit with --prior private; for laplace, gaussian and staircase privatize without "
                 "--params, which then spends epsilon_1 on the histogram), or privatize without --params to fit inline"
             )
-        posterior_mean(params, prior, [params.lo])  # fail before any output if this pair has no posterior
+        # fail before any output if this pair has no posterior: probe with a value the mechanism can put out
+        probe = float(np.asarray(params.outputs, np.float64).ravel()[-1]) if params.discrete else params.lo
+        posterior_mean(params, prior, [probe])
         # a posterior mean lies in the range
         return record, dict(postprocess=lambda noisy: posterior_mean(params, prior, noisy),
                             postprocess_name="posterior-mean", postprocess_range=(params.lo, params.hi))
