@@ -41,6 +41,7 @@ import datetime
 import fcntl
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 
@@ -167,6 +168,33 @@ def _is_record(value) -> bool:
             and isinstance(value.get("input"), dict) and "sha256" in value["input"])
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _record_problem(record: dict) -> str | None:
+    """What makes a line that looks like a ledger record unusable (None if nothing): every field the totals,
+    the budget and the reproduction check read must be there with its type; ε and δ finite and >= 0 (a nan
+    would pass every --budget, a negative value lower the total)."""
+    for key in ("epsilon", "delta"):
+        value = record.get(key)
+        if not (_number(value) and math.isfinite(value) and value >= 0):
+            return f"{key} must be a finite number >= 0, got {key}={value!r}"
+    for key in ("release_id", "command", "time", "settings", "key_fingerprint"):
+        if not isinstance(record.get(key), str):
+            return f"{key} must be a string, got {key}={record.get(key)!r}"
+    if "label_column" not in record or not (record["label_column"] is None or isinstance(record["label_column"], str)):
+        return f"label_column must be a string or null, got label_column={record.get('label_column')!r}"
+    if not (isinstance(record["input"].get("sha256"), str) and isinstance(record["input"].get("name"), str)):
+        return "input must have a name and a sha256"
+    offset, rows = record.get("row_offset"), record.get("rows")
+    if not (isinstance(offset, int) and not isinstance(offset, bool) and offset >= 0):
+        return f"row_offset must be an integer >= 0, got row_offset={offset!r}"
+    if not (rows is None or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0)):
+        return f"rows must be an integer >= 0, got rows={rows!r}"
+    return None
+
+
 def read(path) -> list[dict]:
     """Every record of a ledger file (none if it does not exist); a damaged line is an error naming it, and a
     file whose first line is no ledger record (another file given as the ledger) is refused as no ledger."""
@@ -191,6 +219,10 @@ def read(path) -> list[dict]:
             except (UnicodeDecodeError, json.JSONDecodeError):
                 record = None
             if _is_record(record):
+                problem = _record_problem(record)
+                if problem is not None:
+                    raise InputError(f"ledger {str(p)!r} line {number} is damaged: {problem}; repair or move it "
+                                     "(its totals and --budget cannot be trusted)")
                 out.append(record)
                 continue
             if not out:
@@ -314,14 +346,33 @@ def precheck(path, record: dict, budget=None) -> dict:
 
 
 def commit(path, record: dict, budget=None) -> dict:
-    """Check again and append ``record``, holding the ledger's lock (concurrent runs see each other)."""
+    """Check again and append ``record``, holding the ledger's lock (concurrent runs see each other). The
+    status's ``line`` is the appended line (for :func:`retract`)."""
     path = Path(path)
     line = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode()
     with _locked(path) as fd:
         status = _check(read(path), record, budget)
         os.write(fd, line)
         os.fsync(fd)
-    return status
+    return dict(status, line=line)
+
+
+def retract(path, line: bytes):
+    """Remove the last copy of ``line``, which :func:`commit` appended for a release whose outputs could not be
+    put in place after all: the ledger records only releases that left the program. Under the ledger's lock,
+    so that lines other runs appended since stay as they are."""
+    path = Path(path)
+    with _locked(path, create=False) as fd:
+        if fd is None:
+            return
+        data = os.pread(fd, os.fstat(fd).st_size, 0)
+        at = data.rfind(line)
+        if at < 0:
+            return
+        rest = data[at + len(line):]
+        os.ftruncate(fd, at)
+        os.write(fd, rest)  # O_APPEND: at the new end, where the line was
+        os.fsync(fd)
 
 
 def _input_name(record) -> str:

@@ -23,6 +23,7 @@ and appended just before the outputs appear.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -30,7 +31,7 @@ import warnings
 
 import numpy as np
 
-from rpwjax import certify, ledger, noise
+from rpwjax import certify, interrupts, ledger, noise
 from rpwjax.accounting import Accounting
 from rpwjax.api import (DEFAULT_PRIOR_FRACTION, MECHANISMS, FitOptions, histogram_epsilons, load_params,
                         prior_from_record, records_total)
@@ -119,6 +120,8 @@ class ReleaseRun:
         self._fields = dict(identity, settings=settings, input=source, row_offset=row_offset)
         self.record = None
         self.line = None
+        self._hold = None  # the ExitStack of recording(), while its block runs
+        self._appended = None  # the ledger line finish() appended, until the outputs are in place
 
     @property
     def release_id(self) -> str:
@@ -135,6 +138,26 @@ class ReleaseRun:
         if offset == 0:
             return self.secret.child("fit")
         return self.secret.child("fit", offset, int(self._fields["input"]["sha256"][:16], 16))
+
+    @contextlib.contextmanager
+    def recording(self):
+        """The block that writes the release's outputs and calls :meth:`finish` just before they appear.
+
+        From the ledger append in :meth:`finish` to the end of the block a SIGINT or SIGTERM waits (it then
+        ends the run with the outputs and the record both in place), and an error after the append (an
+        output that cannot be renamed into place) takes the record out again (:func:`rpwjax.ledger.retract`):
+        the ledger records only releases that left the program."""
+        with contextlib.ExitStack() as stack:
+            self._hold = stack
+            try:
+                yield self
+            except BaseException:
+                if self._appended is not None:
+                    ledger.retract(self.ledger, self._appended)
+                    self._appended = None
+                raise
+            finally:
+                self._hold = None
 
     def start(self, epsilon: float, delta: float = 0.0, **extra) -> "ReleaseRun":
         self.record = ledger.new_record(release_id=self.release_id, rows=None, epsilon=epsilon, delta=delta,
@@ -153,7 +176,10 @@ class ReleaseRun:
             self.record["released_sha256"] = str(released_sha256)
         if accounting is not None:
             self.record["accounting"] = ledger.account_fields(self.record, accounting)
+        if self._hold is not None:  # from the append until the outputs are in place, a signal waits
+            self._hold.enter_context(interrupts.held())
         status = ledger.commit(self.ledger, self.record, self.budget)
+        self._appended = status["line"]
         self.line = ledger.status_line(self.ledger, self.record, status)
         fields = {"release_id": self.release_id, "row_offset": self.record["row_offset"], "rows": int(rows),
                   "ledger": {"file": str(self.ledger), "epsilon_total_on_input": status["epsilon_total"],
@@ -477,10 +503,11 @@ def fit_file(labels_path, options: FitOptions, *, label_column=None, encoding=No
                       mechanism=f"the histogram's exact integer noise, fit for epsilon {fits}")
     # what the fit put out is its private histograms: their digest checks a reproduction
     private = [r["prior"].get("masses", []) for r in records if float(r["epsilon_prior"]) > 0]
-    run.finish(labels.size, account.to_json(),
-               ReleasedDigest.of(np.concatenate([np.ravel(m) for m in private])) if private else None)
-    if save:
-        write_json(save, records[0])
+    with run.recording():
+        run.finish(labels.size, account.to_json(),
+                   ReleasedDigest.of(np.concatenate([np.ravel(m) for m in private])) if private else None)
+        if save:
+            write_json(save, records[0])
     return records, run.line
 
 
@@ -574,10 +601,12 @@ def privatize_file(
         record = dict(record, prior_is_public="asserted by the user (--prior-is-public): the guarantee holds only if "
                                               "the prior is public")
     # the release draws from secret.child("release"); an inline fit from run.fit_secret()
-    sidecar = release_file(input_path, output_path, label_column=label_column, params=params, secret=run.secret,
-                           record=record, chunk_rows=chunk_rows, clip=clip, progress=progress, row_offset=row_offset,
-                           encoding=encoding, before_commit=lambda rows, digest: _finish(run, rows, record, digest, inline=inline),
-                           **post)
+    with run.recording():
+        sidecar = release_file(input_path, output_path, label_column=label_column, params=params, secret=run.secret,
+                               record=record, chunk_rows=chunk_rows, clip=clip, progress=progress,
+                               row_offset=row_offset, encoding=encoding,
+                               before_commit=lambda rows, digest: _finish(run, rows, record, digest, inline=inline),
+                               **post)
     if run.line and report is not None:
         report(run.line)
     return sidecar

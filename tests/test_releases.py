@@ -11,6 +11,9 @@
 
 import json
 import multiprocessing
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -411,6 +414,95 @@ def test_epsilons_that_share_a_prior_epsilon_share_one_histogram_spent_once(file
     with pytest.raises(rpwjax.InputError, match="one epsilon"):
         private_histogram(a[:100], LO, HI, np.array([0.1, 0.2]), bins=8, secret=Secret.from_seed(1),
                                         keyed_by_epsilon=False)
+
+
+# the CLI in a process of its own, its ledger append followed at once by a signal to itself (the worst moment)
+SIGNAL_AFTER_APPEND = """
+import os, signal, sys
+from rpwjax import cli, ledger
+append = ledger.commit
+def commit(*args, **kwargs):
+    status = append(*args, **kwargs)
+    os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL"]))
+    return status
+ledger.commit = commit
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("command", ["privatize", "fit"])
+def test_a_signal_after_the_ledger_append_waits_until_the_outputs_are_in_place(files, tmp_path, command):
+    """The ledger records only releases that left the program: a SIGINT arriving right after the append waits
+    until the outputs are renamed into place, so the run ends (exit 130) with the record and the outputs both
+    there, never the record alone."""
+    d, a, _ = files
+    src = write_table(tmp_path / "y.csv", a[:3000])
+    book = tmp_path / "book.jsonl"
+    common = ["--label-column", "y", "--range", LO, HI, "--key-file", d / "key", "--ledger", book]
+    if command == "privatize":
+        argv, outputs = ["privatize", src, "-o", tmp_path / "o.csv", *common, "--quiet", "--mechanism", "laplace",
+                         "--epsilon", "1"], ["o.csv", "o.csv.json"]
+    else:
+        argv, outputs = ["fit", "--labels", src, *common, "--mechanism", "laplace", "--epsilon", "1",
+                         "--save", tmp_path / "p.json"], ["p.json"]
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_AFTER_APPEND, *map(str, argv)], capture_output=True,
+                          text=True, env=dict(os.environ, SIGNAL="SIGINT"), timeout=300)
+    assert proc.returncode == 130, proc.stderr
+    assert len(ledger.read(book)) == 1
+    for name in outputs:
+        assert (tmp_path / name).is_file(), name
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")]
+    if command == "privatize":
+        assert labels_of(tmp_path / "o.csv").size == 3000 and sidecar(tmp_path / "o.csv")["rows"] == 3000
+
+
+def test_a_release_whose_outputs_fail_after_the_ledger_append_is_taken_out_again(files, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """An error after the ledger append (an output that cannot be renamed into place) removes the record again,
+    and leaves the lines other runs appended as they were."""
+    from rpwjax.io import atomic
+    d, a, _ = files
+    src = write_table(tmp_path / "y.csv", a[:3000])
+    book = tmp_path / "book.jsonl"
+    args = ["--mechanism", "laplace", "--epsilon", "1", "--ledger", book]
+    privatize(capsys, src, tmp_path / "first.csv", d / "key", *args)
+    before = book.read_bytes()
+
+    def broken(*_):
+        raise OSError("cannot rename: no space left on device")
+
+    monkeypatch.setattr(atomic, "_commit", broken)
+    code, _, err = run(["privatize", src, "-o", tmp_path / "second.csv", "--label-column", "y", "--range", LO, HI,
+                        "--key-file", d / "key", "--quiet", *args], capsys)
+    assert code != 0 and "no space left" in err, err
+    assert not (tmp_path / "second.csv").exists()
+    assert book.read_bytes() == before
+
+
+@pytest.mark.parametrize("field, value, problem", [
+    ("epsilon", float("nan"), "epsilon must be a finite number"),
+    ("epsilon", -5.0, "epsilon must be a finite number >= 0, got epsilon=-5.0"),
+    ("epsilon", "x", "epsilon must be a finite number"),
+    ("label_column", KeyError, "label_column must be a string or null"),  # the field left out
+    ("rows", "many", "rows must be an integer"),
+])
+def test_a_damaged_ledger_record_is_named_and_never_bypasses_the_budget(files, tmp_path, capsys, field, value,
+                                                                        problem):
+    d, a, _ = files
+    src = write_table(tmp_path / "y.csv", a[:2000])
+    book = tmp_path / "book.jsonl"
+    args = ["--mechanism", "laplace", "--epsilon", "1", "--ledger", book]
+    privatize(capsys, src, tmp_path / "first.csv", d / "key", *args)
+    record = dict(json.loads(book.read_text()), **{field: value})
+    if value is KeyError:
+        del record[field]
+    book.write_text(json.dumps(record) + "\n")
+    code, _, err = run(["privatize", src, "-o", tmp_path / "second.csv", "--label-column", "y", "--range", LO, HI,
+                        "--key-file", d / "key", "--quiet", *args, "--budget", "1.5"], capsys)
+    assert code == 2 and "line 1 is damaged" in err and problem in err, err
+    code, _, err = run(["ledger", "--ledger", book], capsys)
+    assert code == 2 and "line 1 is damaged" in err, err
+    assert not (tmp_path / "second.csv").exists()
 
 
 def test_the_key_itself_is_refused_as_a_release_id(files, tmp_path, capsys):
