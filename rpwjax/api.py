@@ -17,6 +17,7 @@ import numpy as np
 
 from rpwjax.mechanisms.base import Mechanism, label_mse_grid
 from rpwjax.errors import InputError, check_choice, check_epsilon, check_integer, check_labels, check_range  # noqa: F401 (InputError re-exported)
+from rpwjax.errors import show_value
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import MECHANISMS, entry, mechanism_names  # noqa: F401 (MECHANISMS, mechanism_names re-exported)
 from rpwjax.priors import DEFAULT_BINS, Prior, empirical_prior, histogram_prior, private_histogram
@@ -264,16 +265,50 @@ def one_record(record, *, name: str | None = None) -> dict:
     return record
 
 
+def record_entry(record: dict, *, name: str | None = None):
+    """The registry row of a fit record's ``mechanism``; an unknown one is refused naming the file (``name``)."""
+    try:
+        return entry(record["mechanism"])
+    except InputError as err:
+        raise InputError(_in_file(name, str(err))) from None
+
+
+def _in_file(name: str | None, message: str) -> str:
+    """``message`` led by the params file it is about, when its path is known."""
+    return message if name is None else f"{_params_file(name)}: {message}"
+
+
+def _check_number_fields(cls, fields, name: str | None):
+    """Refuse a field of the parameters that must hold numbers but holds text, a boolean or null (e.g.
+    ``"scale": "a"``), naming the file, the field and the value: ``from_json`` would pass it on as it is, and
+    the mechanism's own checks would fail on it with a NumPy type error that names none of them."""
+    if not isinstance(fields, dict):
+        return  # not a mapping at all: load_params says the record has a bad field
+    # the parameters read as numbers, by their names in the file (RPWithPrior writes its a1, a2 as A1, A2)
+    numeric = {f.name for f in dataclasses.fields(cls) if f.name not in cls.derived_fields and f.type != "str"}
+    for key, value in fields.items():
+        if str(key).lower() not in numeric:
+            continue
+        try:
+            kind = np.asarray(value).dtype.kind
+        except (TypeError, ValueError):  # e.g. ragged nested lists
+            kind = "O"
+        if kind not in "iuf":  # integers and floats only: not text ("U"), booleans ("b") or objects (null, mixed)
+            raise InputError(_in_file(name, f"params.{key} must be a number or a list of numbers, got "
+                                            f"params.{key}={show_value(value)}"))
+
+
 def load_params(record: dict, *, name: str | None = None) -> tuple[Mechanism, dict]:
     """Parameters for ONE ε from a ``--save`` record (or a one-element ``fit --json`` list).
 
     This only parses (with each mechanism's own ``from_json`` validation); it does not check that the record's
     stated ε and δ hold for the parameters. :func:`rpwjax.audit.verify.verify_record` does (``privatize --params`` runs it).
-    ``name`` (the file's path) is named by the refusals of the record's shape.
+    ``name`` (the file's path) is named by the refusals of the record's shape, its mechanism and its fields.
     """
     record = one_record(record, name=name)
     where = f" {name!r}" if name is not None else ""
-    cls = entry(record["mechanism"]).params
+    cls = record_entry(record, name=name).params
+    _check_number_fields(cls, record["params"], name)
     try:
         params = cls.from_json(record["params"])
     except (KeyError, TypeError, ValueError) as err:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -27,6 +28,50 @@ EXIT_IO = 1
 EXIT_SIGNAL = interrupts.EXIT_CODES
 
 
+def _shown(value) -> str:
+    """An option's value in a message: a float as short as it reads back (1.0 as 1), anything else as text."""
+    if isinstance(value, list):
+        return " ".join(_shown(v) for v in value)
+    if isinstance(value, float):
+        short = format(value, "g")
+        return short if float(short) == value else repr(value)
+    return str(value)
+
+
+class _StoreOnce(argparse.Action):
+    """argparse's plain store, except that an option taking one value (or a fixed number, like ``--range LO HI``)
+    refuses to be given twice: argparse would keep the last silently, so ``--epsilon 1 --epsilon 2`` spent 2 and
+    ``--label-column y --label-column a`` privatized ``a``. Options taking a list (nargs '+' or '*') store as before.
+    """
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        once = bool(self.option_strings) and (self.nargs is None or isinstance(self.nargs, int))
+        if once:
+            given = parser.given_options  # this parse's (reset by _Parser.parse_known_args): {dest: value}
+            if self.dest in given:
+                raise argparse.ArgumentError(self, f"given twice ({_shown(given[self.dest])} and {_shown(values)}): "
+                                                   "give it once")
+            given[self.dest] = values
+        setattr(namespace, self.dest, values)
+
+
+_FLOAT_DIGITS = re.compile(r"[1-9]")
+
+
+def _float_as_typed(text: str) -> float:
+    """``float(text)`` for the command line, refusing a finite number that float64 cannot hold, named as typed:
+    ``1e400`` would read as inf and ``1e-400`` as 0.0, and the later checks would name inf or 0.0, a value the
+    user never gave. ``inf``, ``nan`` and zeros written as such are left to those checks."""
+    value = float(text)  # a ValueError: argparse says "invalid float value: 'TEXT'"
+    mantissa = text.strip().lower().split("e")[0]
+    if math.isinf(value) and "inf" not in mantissa:
+        raise argparse.ArgumentTypeError(f"{text!r} lies outside float64's range (it would read as {value!r})")
+    if value == 0 and _FLOAT_DIGITS.search(mantissa):
+        raise argparse.ArgumentTypeError(f"{text!r} lies below float64's smallest positive number 5e-324 (it would "
+                                         "read as 0.0)")
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     # a value like "-1e6", "-2.5E-3" or "-inf" (e.g. after --range) is a negative number, not an option: argparse's
     # own pattern knows only "-1" and "-1.5"
@@ -35,6 +80,16 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = self.NEGATIVE_NUMBER
+        # every parser of the command line (subparsers are made by this class too): each store option refuses a
+        # repeat, and each float option a number float64 cannot hold
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+        self.register("type", float, _float_as_typed)
+        self.given_options = {}
+
+    def parse_known_args(self, args=None, namespace=None):
+        self.given_options = {}  # the options given so far in this parse (_StoreOnce)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message):  # one line, exit 2, like every other bad input
         if message.startswith("the following arguments are required") and "--range" in message:
@@ -216,7 +271,9 @@ def _pipeline_names() -> list[str]:
 
 def cmd_privatize_table(args) -> int:
     from rpwjax.pipelines.table import explain_table, privatize_table_file
+    from rpwjax.tables import check_feature_options
 
+    check_feature_options(args.features, args.exclude)  # before anything is read or recorded
     if args.explain:  # public numbers only: nothing read from a key, spent, recorded or written
         print(json.dumps(explain_table(args.input, label_column=args.label_column, lo=args.range[0], hi=args.range[1],
                                        epsilon=args.epsilon, pipeline=args.pipeline, encoding=args.encoding,
@@ -490,11 +547,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _show_warning(command):
+# NumPy's floating-point warnings ("overflow encountered in divide", ...): an intermediate that went to inf or NaN
+_NUMPY_FLOAT_WARNING = re.compile(r"^(overflow|underflow|divide by zero|invalid value) encountered in ")
+
+
+def _show_warning(command, held: list):
+    """Print each warning as one line; NumPy's floating-point warnings go to ``held`` instead: the checks after the
+    arithmetic turn such a value into a named error (e.g. epsilon too small for the range), whose one line must
+    stand alone, so they are printed only once the command has returned without an error."""
     def show(message, category, filename, lineno, file=None, line=None):
         from rpwjax.errors import one_line
 
-        print(f"rpwjax {command}: warning: {one_line(message)}", file=sys.stderr if file is None else file)
+        text = f"rpwjax {command}: warning: {one_line(message)}"
+        if issubclass(category, RuntimeWarning) and _NUMPY_FLOAT_WARNING.match(str(message)):
+            held.append(text)
+        else:
+            print(text, file=sys.stderr if file is None else file)
 
     return show
 
@@ -521,10 +589,14 @@ def _main(argv) -> int:
 
     command = args.command
     interrupts.set_label(f"rpwjax {command}")
+    held: list[str] = []
     try:
         with warnings.catch_warnings():
-            warnings.showwarning = _show_warning(command)
-            return args.func(args)
+            warnings.showwarning = _show_warning(command, held)
+            code = args.func(args)
+        for line in held:  # no error to stand alone: the floating-point warnings are worth a look
+            print(line, file=sys.stderr)
+        return code
     except KeyboardInterrupt:  # where the handlers are not installed (a thread other than the main one)
         print(f"rpwjax {command}: interrupted by SIGINT; unfinished outputs were removed", file=sys.stderr)
         return EXIT_SIGNAL[signal.SIGINT]

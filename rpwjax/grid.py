@@ -24,11 +24,18 @@ MAX_EPSILON = float(np.log(UNIFORM_COUNT / MIN_CELL_COUNT))  # 29 ln 2 = 20.10
 
 def pow2_at_least(x: float) -> float:
     """The smallest power of two >= ``x`` (``x`` > 0 and finite; a non-finite ``x``, e.g. the spread of noise whose
-    variance overflowed at a tiny ε, has none: an :class:`~rpwjax.errors.InputError` saying ε is too small)."""
+    variance overflowed at a tiny ε, has none: an :class:`~rpwjax.errors.InputError` saying ε is too small; nor
+    has ``x`` = 0, the step of noise on a range so narrow that its spread underflowed: one saying the range is too
+    narrow. The caller's refusal names ε and the range, :func:`rpwjax.certify.where`)."""
     x = float(x)
-    if not (np.isfinite(x) and x > 0):  # frexp(inf) would give 2^0: a grid of 1 for noise of infinite spread
+    if not np.isfinite(x):  # frexp(inf) would give 2^0: a grid of 1 for noise of infinite spread
         raise InputError(f"epsilon is too small for this range: the noise is too wide for float64 (a grid step of "
-                         f"{x!r} is needed)" if not np.isfinite(x) else f"no power of two is at least {x!r}")
+                         f"{x!r} is needed)")
+    if x == 0:  # e.g. --range 0 1e-320: the noise's variance (width/ε)² is 0 in float64
+        raise InputError("the range is too narrow for float64: the grid step its noise needs underflows to 0 (give "
+                         "the labels in a unit that spreads them wider)")
+    if x < 0:
+        raise InputError(f"no power of two is at least {x!r}")
     m, e = np.frexp(x)  # x = m 2^e, 0.5 <= m < 1
     return float(np.ldexp(1.0, int(e) - (1 if m == 0.5 else 0)))
 

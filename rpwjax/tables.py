@@ -7,8 +7,8 @@ Which columns are features (:func:`choose_features`) is decided on purpose:
 
 * ``features`` (``--features COL ...``): exactly these columns;
   ``exclude`` (``--exclude COL ...``): every usable column but these. A
-  column that is not in the table, the label column, or a column named by
-  both is refused, naming it.
+  column that is not in the table or the label column is refused, naming
+  it; so is giving both (``--exclude`` would do nothing).
 * Otherwise every numeric column (integer, floating point, decimal, boolean)
   other than the label, except the columns that look like identifiers or
   codes rather than quantities: text with leading zeros (``02134``: a zip
@@ -103,7 +103,17 @@ class FeatureTable:
         return tuple(self.choice.lines()[1:])
 
 
+def check_feature_options(features, exclude):
+    """Refuse ``--features`` with ``--exclude``: the features are then exactly the columns ``--features`` names,
+    so ``--exclude`` would do nothing. Checked before any file is read (no columns needed)."""
+    if features is not None and exclude is not None:
+        raise InputError(f"--exclude {' '.join(map(str, exclude))} does nothing with --features "
+                         f"{' '.join(map(str, features))}: --features uses exactly the columns it names (give one of "
+                         "the two)")
+
+
 def _names_check(names, label_column, features, exclude):
+    check_feature_options(features, exclude)
     for flag, given in (("--features", features), ("--exclude", exclude)):
         if given is None:
             continue
@@ -120,9 +130,6 @@ def _names_check(names, label_column, features, exclude):
             raise InputError(f"{flag} names the label column {label_column!r}: the label is private and never a "
                              "feature" + (" (it is never used as one: drop it from --exclude)" if flag == "--exclude"
                                           else ""))
-    both = [c for c in (features or []) if c in (exclude or [])]
-    if both:
-        raise InputError(f"--features and --exclude both name {', '.join(map(repr, both))}")
 
 
 def _as_numbers(column: pa.ChunkedArray, name: str, forced: bool):
@@ -269,6 +276,19 @@ def read_table(path, *, encoding=None, bar=None) -> pa.Table:
     return table
 
 
+def _not_numeric(column: pa.ChunkedArray, label_column: str, source: TableSource) -> str:
+    """Why a label column is not numeric, as ``rpwjax privatize`` says it: in a CSV, its first missing label or
+    label that is not a number, named as written with its data row and line; otherwise its type, with the file."""
+    if source.kind == ".csv" and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        for row, value in enumerate(column.to_pylist(), start=1):  # the error path only: one pass in Python
+            text = "" if value is None else value.strip()
+            if not text:
+                return f"missing label in column {label_column!r} (an empty field) at {source.where(row)}"
+            if not _is_number(text):
+                return f"label {show_value(value)} in column {label_column!r} is not a number, at {source.where(row)}"
+    return f"label column {label_column!r} of {source.path!r} must be numeric, got type {column.type}"
+
+
 def read_feature_table(path, label_column: str, *, encoding=None, features=None, exclude=None,
                        progress: bool = False, desc: str = "read table") -> FeatureTable:
     """A whole CSV or Parquet table as features (:func:`choose_features`) and labels (float64, unchecked).
@@ -277,6 +297,7 @@ def read_feature_table(path, label_column: str, *, encoding=None, features=None,
     says so); the caller checks its values against the public range. ``progress``: a bar on stderr while
     the file is read. The table is freed before this returns: what stays is the float32 features.
     """
+    check_feature_options(features, exclude)  # before the file is read
     source = TableSource(path, label_column, encoding=encoding)
     with progress_bar(source, desc, enabled=progress) as bar:
         table = read_table(path, encoding=encoding, bar=bar)
@@ -288,7 +309,7 @@ def read_feature_table(path, label_column: str, *, encoding=None, features=None,
         # CSV numbers kept as text for the features' sake (leading zeros, many digits) are labels all the same
         column, label_type = typed_text(column, pa.float64()), pa.float64()
     if not is_number_type(label_type):
-        raise InputError(f"label column {label_column!r} must be numeric, got type {label_type}")
+        raise InputError(_not_numeric(column, label_column, source))
     labels = column.cast(pa.float64(), safe=False).fill_null(np.nan).to_numpy()
     del column
     matrix, choice = choose_features(table, label_column, features=features, exclude=exclude)
@@ -301,4 +322,5 @@ def read_feature_table(path, label_column: str, *, encoding=None, features=None,
     return FeatureTable(matrix, np.asarray(labels, np.float64), choice, described)
 
 
-__all__ = ["FeatureChoice", "FeatureTable", "ID_MIN_ROWS", "choose_features", "read_feature_table", "read_table"]
+__all__ = ["FeatureChoice", "FeatureTable", "ID_MIN_ROWS", "check_feature_options", "choose_features",
+           "read_feature_table", "read_table"]

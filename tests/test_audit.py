@@ -21,7 +21,7 @@ from rpwjax.audit.empirical import clopper_pearson
 from rpwjax.errors import InputError
 from rpwjax.mechanisms.rpwithprior import RPWithPrior
 from rpwjax.mechanisms.rr_on_bins import RROnBins
-from helpers import slow_unless
+from helpers import run, slow_unless
 
 SAMPLES = 200_000  # per label; enough to catch every broken mechanism below with a wide margin
 # the tests about the fresh labels, and those marked long, keep the shipped count; the others draw fewer
@@ -267,6 +267,21 @@ def test_cli_reports_a_mechanism_that_cannot_be_fitted(monkeypatch, capsys):
     monkeypatch.setattr(audit_module, "fit_example", fail)
     assert audit_cli(["--mechanism", "laplace", "--samples", "100"]) == 1
     assert "laplace at epsilon=1: could not be audited: RuntimeError: no such solver" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mechanism", "laplace", "--epsilon", "100"], "laplace: epsilon=100 on the range [0, 1] cannot be certified for "
+                                                      "a float64 release: epsilon above 20.1"),
+    # one ε of several refused stops the run before any is audited
+    (["--mechanism", "staircase", "--epsilon", "1", "30"], "staircase: epsilon=30 on the range [0, 1] cannot be "
+                                                            "certified"),
+])
+def test_cli_refuses_an_epsilon_no_release_can_have_as_bad_input(capsys, argv, message):
+    """privatize refuses such an ε with exit 2; audit did not audit it either, but said so on stdout with exit 1 as
+    if the mechanism were broken: now it is bad input, one line on stderr, exit 2, nothing on stdout."""
+    code, out, err = run(["audit", *argv, "--samples", "1000"], capsys)
+    assert code == 2 and out == "", (out, err)
+    assert err.startswith(f"rpwjax audit: error: {message}") and err.count("\n") == 1, err
 
 
 @pytest.mark.parametrize(

@@ -172,8 +172,35 @@ PRIVATIZE_CASES = [
      ["epsilon must be positive and finite, got epsilon=nan"]),
     ("epsilon inf", b"id,y\n1,0.5\n", ["--mechanism", "laplace", "--epsilon", "inf", "--range", "0", "1"], 2,
      ["epsilon must be positive and finite, got epsilon=inf"]),
+    # a number float64 cannot hold is named as typed, not as the inf or 0.0 it would read as
     ("epsilon 1e999", b"id,y\n1,0.5\n", ["--mechanism", "rpwithprior", "--epsilon", "1e999", "--range", "0", "1"],
-     2, ["epsilon must be positive and finite, got epsilon=inf"]),
+     2, ["argument --epsilon: '1e999' lies outside float64's range (it would read as inf)"]),
+    ("epsilon 1e400", b"id,y\n1,0.5\n", ["--mechanism", "laplace", "--epsilon", "1e400", "--range", "0", "1"], 2,
+     ["argument --epsilon: '1e400' lies outside float64's range (it would read as inf)"]),
+    ("epsilon 1e-400", b"id,y\n1,0.5\n", ["--mechanism", "laplace", "--epsilon", "1e-400", "--range", "0", "1"], 2,
+     ["argument --epsilon: '1e-400' lies below float64's smallest positive number 5e-324 (it would read as 0.0)"]),
+    ("range 0 1e400", b"id,y\n1,0.5\n", ["--mechanism", "laplace", "--epsilon", "1", "--range", "0", "1e400"], 2,
+     ["argument --range: '1e400' lies outside float64's range"]),
+    # the noise's variance overflows: one line, no NumPy "overflow encountered" warning before it
+    ("laplace at epsilon 1e-320", b"id,y\n1,0.5\n", ["--mechanism", "laplace", "--epsilon", "1e-320", "--range",
+                                                       "0", "4"], 2,
+     ["laplace: epsilon=", "on the range [0, 4] cannot be certified", "epsilon is too small for this range"]),
+    ("range 0 1e-320", b"id,y\n1,0\n", ["--mechanism", "laplace", "--epsilon", "1", "--range", "0", "1e-320"], 2,
+     ["laplace: epsilon=1 on the range [0, 9.99", "e-321] cannot be certified for a float64 release: the range is too "
+      "narrow for float64"]),
+    # an option that takes one value (or LO HI) given twice: argparse would have kept the last
+    ("--label-column given twice", b"id,y,a\n1,0.5,0.5\n", LAPLACE + ["--label-column", "a"], 2,
+     ["argument --label-column: given twice (y and a): give it once"]),
+    ("--epsilon given twice", b"id,y\n1,0.5\n", LAPLACE + ["--epsilon", "2"], 2,
+     ["argument --epsilon: given twice (1 and 2): give it once"]),
+    ("--mechanism given twice", b"id,y\n1,0.5\n", LAPLACE + ["--mechanism", "gaussian"], 2,
+     ["argument --mechanism: given twice (laplace and gaussian): give it once"]),
+    ("--range given twice", b"id,y\n1,0.5\n", LAPLACE + ["--range", "0", "4"], 2,
+     ["argument --range: given twice (0 1 and 0 4): give it once"]),
+    ("-o given twice", b"id,y\n1,0.5\n", LAPLACE + ["--output", "{t}/b.csv"], 2,
+     ["argument -o/--output: given twice (", "o.csv and {t}/b.csv): give it once"]),
+    ("--params given twice", b"id,y\n1,0.5\n", ["--params", "{t}/other.json"], 2,
+     ["argument --params: given twice (", "p.json and {t}/other.json): give it once"]),
     ("rpwithprior at epsilon 1e-20", b"id,y\n1,0.5\n", ["--mechanism", "rpwithprior", "--epsilon", "1e-20",
                                                          "--range", "0", "1"], 2,
      ["epsilon is too small for the exact integer noise sampler of the private histogram", "got epsilon=1e-20",
@@ -201,7 +228,10 @@ PRIVATIZE_CASES = [
 PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fit: label outside the range",
                   "rpwithprior at epsilon 1000", "rr-on-bins at epsilon 1000", "input is a directory",
                   "--denoise debias for laplace", "--budget passed", "epsilon nan", "rpwithprior at epsilon 1e-20",
-                  "--ledger that is a CSV")
+                  "--ledger that is a CSV", "epsilon 1e400", "epsilon 1e-400", "range 0 1e400",
+                  "laplace at epsilon 1e-320", "range 0 1e-320",
+                  "--label-column given twice", "--epsilon given twice", "--mechanism given twice",
+                  "--range given twice", "-o given twice", "--params given twice")
 
 
 @pytest.mark.parametrize("case, content, options, code, fragments", slow_unless(
@@ -532,6 +562,40 @@ def test_a_params_file_without_params_is_named(shared, tmp_path, capsys):
     assert listing(tmp_path) == ["in.csv", "no-params.json"]
 
 
+@pytest.mark.parametrize("field, value, fragment", [
+    ("mechanism", "foo", "mechanism must be one of rpwithprior, laplace, gaussian, staircase, rr-on-bins, unbiased, "
+                         "got mechanism='foo'"),
+    ("zeta", "a", "params.zeta must be a number or a list of numbers, got params.zeta='a'"),
+    ("A1", None, "params.A1 must be a number or a list of numbers, got params.A1=None"),
+    ("epsilon", [1, "x"], "params.epsilon must be a number or a list of numbers, got params.epsilon=[1, 'x']"),
+])
+def test_a_params_file_with_a_bad_field_is_named(shared, tmp_path, capsys, field, value, fragment):
+    """privatize and audit name the params file, the field and its value (not a NumPy type error)."""
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"id,y\n1,0.5\n")
+    record = json.loads((shared / "p.json").read_text())
+    (record if field == "mechanism" else record["params"])[field] = value
+    params = tmp_path / "bad.json"
+    params.write_text(json.dumps(record))
+    code, err = _privatize(src, tmp_path, shared, capsys, "--params", params)
+    assert code == 2 and f"params file {str(params)!r}: {fragment}" in err and "ufunc" not in err, err
+    if field == "mechanism":  # audit refuses it the same way, as bad input (the fields are audited as problems)
+        code, out, err = run(["audit", "--params", params], capsys)
+        assert code == 2 and out == "" and err == f"rpwjax audit: error: params file {str(params)!r}: {fragment}\n"
+    assert listing(tmp_path) == ["bad.json", "in.csv"]
+
+
+def test_numpy_floating_point_warnings_are_held_until_the_command_has_no_error(capsys):
+    """A NumPy overflow on the way to a named error (e.g. epsilon 1e-320) would be a second line before the error's
+    one: such warnings are held, and printed only after a command that returns; any other warning prints at once."""
+    held = []
+    show = cli._show_warning("privatize", held)
+    show(RuntimeWarning("overflow encountered in divide"), RuntimeWarning, "f.py", 1)
+    show(UserWarning("reproducible seed: not for production"), UserWarning, "f.py", 2)
+    assert held == ["rpwjax privatize: warning: overflow encountered in divide"]
+    assert capsys.readouterr().err == "rpwjax privatize: warning: reproducible seed: not for production\n"
+
+
 def test_utf16_without_a_byte_order_mark_names_the_file_and_the_encoding(shared, tmp_path, capsys):
     src = tmp_path / "in.csv"
     src.write_bytes(b"id,y\n1,0.5\n")  # ASCII: UTF-16 needs a byte order mark to tell its byte order
@@ -544,6 +608,78 @@ def test_utf16_without_a_byte_order_mark_names_the_file_and_the_encoding(shared,
                         shared / "key", "--ledger", tmp_path / "ledger.jsonl", "--quiet", *LAPLACE, "--encoding",
                         "utf-16"], capsys)
     assert code == 0, err
+
+
+# --------------------------------------------------------------------------- labels of curves --data and --explain
+
+CURVES = ["--range", "0", "1", "--mechanisms", "laplace", "--epsilon", "1", "--seeds", "1", "--epochs", "1", "--quiet"]
+
+
+def _labels_table(path, labels):
+    """A table with two features and ``labels`` (text for a CSV, a pyarrow array for Parquet) as column y."""
+    if path.suffix == ".parquet":
+        pq.write_table(pa.table({"a": np.arange(len(labels)), "b": np.arange(len(labels)) % 3, "y": labels}), path)
+    else:
+        path.write_text("a,b,y\n" + "".join(f"{i},{i % 3},{v}\n" for i, v in enumerate(labels)))
+    return path
+
+
+# (case, file name, labels, fragments of the message ({f}: the file's path as a Python string)); the same rows
+# and words as `rpwjax privatize` uses for these inputs
+CURVES_LABEL_CASES = [
+    ("empty label cell", "in.csv", ["0.5", "", "0.25"] + ["0.5"] * 20,
+     ["missing label in column 'y' (an empty field) at data row 2 (line 3) of {f}"]),
+    ("text label", "in.csv", ["0.5", "0.25", "high"] + ["0.5"] * 20,
+     ["label 'high' in column 'y' is not a number, at data row 3 (line 4) of {f}"]),
+    ("label outside the range", "in.csv", ["2.1257"] + ["0.5"] * 22,
+     ["label 2.1257 in column 'y' lies outside the public range [0.0, 1.0], at data row 1 (line 2) of {f}",
+      "--clip"]),
+    ("label beyond float64", "in.csv", ["0.5", "1e400"] + ["0.5"] * 21,
+     ["label '1e400' in column 'y' lies outside float64's range (it would read as inf), at data row 2 (line 3) "
+      "of {f}"]),
+    ("Parquet null", "in.parquet", pa.array([0.5, None] + [0.5] * 21), ["missing label in column 'y' at data row 2 "
+                                                                        "of {f}"]),
+    ("Parquet NaN", "in.parquet", pa.array([0.5, 0.5, float("nan")] + [0.5] * 20),
+     ["label nan in column 'y' is not a finite number, at data row 3 of {f}"]),
+    ("Parquet text labels", "in.parquet", pa.array(["0.5"] * 23), ["label column 'y' of {f} must be numeric, got "
+                                                                   "type string"]),
+]
+
+
+@pytest.mark.parametrize("case, name, labels, fragments", CURVES_LABEL_CASES, ids=[c[0] for c in CURVES_LABEL_CASES])
+def test_curves_label_errors_name_the_file_the_row_and_the_value(tmp_path, capsys, case, name, labels, fragments):
+    src = _labels_table(tmp_path / name, labels)
+    code, out, err = run(["curves", "--data", src, "--label-column", "y", *CURVES, "--out", tmp_path / "sweep"],
+                         capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("rpwjax curves: error: "), err
+    for fragment in fragments:
+        assert fragment.format(f=repr(str(src))) in err, (fragment, err)
+    assert "y[" not in err  # no 0-based index of the label array
+    assert listing(tmp_path) == [name]
+
+
+def test_privatize_table_explain_names_a_text_label_as_privatize_does(tmp_path, capsys):
+    """--explain reads the label column's type only, through read_feature_table: a CSV label that is not a number
+    is named as written, with its data row, line and file."""
+    src = _labels_table(tmp_path / "in.csv", ["0.5", "high", "0.25"])
+    code, out, err = run(["privatize-table", src, "--label-column", "y", "--range", "0", "1", "--epsilon", "1",
+                          "--explain"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"label 'high' in column 'y' is not a number, at data row 2 (line 3) of {str(src)!r}" in err
+    src = _labels_table(tmp_path / "in.parquet", pa.array(["0.5", "x"]))
+    code, _, err = run(["privatize-table", src, "--label-column", "y", "--range", "0", "1", "--epsilon", "1",
+                        "--explain"], capsys)
+    assert code == 2 and f"label column 'y' of {str(src)!r} must be numeric, got type string" in err, err
+
+
+def test_curves_refuses_features_with_exclude(tmp_path, capsys):
+    src = _labels_table(tmp_path / "in.csv", ["0.5"] * 23)
+    code, _, err = run(["curves", "--data", src, "--label-column", "y", *CURVES, "--features", "a", "--exclude", "b",
+                        "--out", tmp_path / "sweep"], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert "rpwjax curves: error: --exclude b does nothing with --features a: --features uses exactly the columns it " \
+           "names (give one of the two)" in err
+    assert listing(tmp_path) == ["in.csv"]
 
 
 # --------------------------------------------------------------------------- fit and privatize-table
@@ -586,8 +722,10 @@ FIT_CASES = [
      ["--prior-is-public does nothing without --prior empirical"]),
     # epsilon and the range before any work; the ledger (in the test's folder) is never created by a failed fit
     ("epsilon nan", "l.txt", b"0.5\n", ["--epsilon", "nan"], ["epsilon must be positive and finite, got epsilon=nan"]),
-    ("one epsilon of two inf", "l.txt", b"0.5\n", ["--epsilon", "1", "1e999"],
+    ("one epsilon of two inf", "l.txt", b"0.5\n", ["--epsilon", "1", "inf"],
      ["epsilon must be positive and finite, got epsilon=inf"]),
+    ("one epsilon of two beyond float64", "l.txt", b"0.5\n", ["--epsilon", "1", "1e999"],
+     ["argument --epsilon: '1e999' lies outside float64's range (it would read as inf)"]),
     ("rpwithprior at epsilon 1e-20", "l.txt", b"0.5\n", ["--epsilon", "1e-20"],
      ["epsilon is too small for the exact integer noise sampler of the private histogram", "got epsilon=1e-20",
       "the smallest accepted is 1.95e-16"]),
@@ -602,7 +740,8 @@ FIT_CASES = [
 def test_fit_bad_input(tmp_path, capsys, case, name, content, options, fragments):
     (tmp_path / name).mkdir() if content is None else (tmp_path / name).write_bytes(content)
     mechanism = [] if "--mechanism" in options else ["--mechanism", "rpwithprior"]
-    code, _, err = run(["fit", "--labels", tmp_path / name, "--range", "0", "1", *mechanism, "--epsilon", "1",
+    range_ = [] if "--range" in options else ["--range", "0", "1"]  # an option given twice is refused
+    code, _, err = run(["fit", "--labels", tmp_path / name, *range_, *mechanism, "--epsilon", "1",
                         "--save", tmp_path / "out" / "p.json", "--ledger", tmp_path / "ledger.jsonl", *options], capsys)
     assert code == 2 and err.count("\n") == 1 and err.startswith("rpwjax fit: error: "), err
     for fragment in fragments:
@@ -1027,7 +1166,12 @@ TABLE_CASES = [
     ("epsilon nan", ["--epsilon", "nan", "--ledger", "{t}/ledger.jsonl"],
      ["epsilon must be positive and finite, got epsilon=nan"]),
     ("epsilon 1e999", ["--epsilon", "1e999", "--ledger", "{t}/ledger.jsonl"],
-     ["epsilon must be positive and finite, got epsilon=inf"]),
+     ["argument --epsilon: '1e999' lies outside float64's range (it would read as inf)"]),
+    ("--epsilon given twice", ["--epsilon", "1", "--epsilon", "2", "--ledger", "{t}/ledger.jsonl"],
+     ["argument --epsilon: given twice (1 and 2): give it once"]),
+    ("--features with --exclude", ["--epsilon", "1", "--features", "x", "--exclude", "z", "--ledger",
+                                   "{t}/ledger.jsonl"],
+     ["--exclude z does nothing with --features x: --features uses exactly the columns it names"]),
     ("epsilon 1e-300", ["--epsilon", "1e-300", "--ledger", "{t}/ledger.jsonl"],
      ["epsilon is too small for the exact integer noise sampler", "got epsilon=1e-300", "the smallest accepted is 3.28e-10"]),
     ("range wider than float64", ["--epsilon", "1", "--range", "-1e308", "1e308", "--ledger", "{t}/ledger.jsonl"],
@@ -1040,8 +1184,9 @@ def test_privatize_table_refuses_bad_input_and_leaves_nothing(tmp_path, capsys, 
     rows = [f"{i % 7 / 7:.3f},{i % 5 / 5:.3f}" for i in range(39)] + ["0.5,nan"]  # a bad label in the last row
     (tmp_path / "in.csv").write_text("x,y\n" + "".join(r + "\n" for r in rows))
     fixed_key(tmp_path / "key")
+    range_ = [] if "--range" in options else ["--range", "0", "1"]  # an option given twice is refused
     code, _, err = run(["privatize-table", tmp_path / "in.csv", "-o", tmp_path / "out" / "o.csv", "--label-column",
-                        "y", "--range", "0", "1", "--quiet", *[o.format(t=tmp_path) for o in options]], capsys)
+                        "y", *range_, "--quiet", *[o.format(t=tmp_path) for o in options]], capsys)
     assert code == 2 and err.count("\n") == 1 and err.startswith("rpwjax privatize-table: error: "), err
     for fragment in fragments:
         assert fragment in err, (fragment, err)
@@ -1056,7 +1201,9 @@ FEATURES_TABLE = "x,zip,y\n0.5,02134,0.25\n1.5,02139,0.75\n2.5,10001,0.5\n"
     (["--exclude", "nope", "other"], "--exclude names column(s) not in the table: 'nope', 'other'"),
     (["--features", "x", "y"], "--features names the label column 'y': the label is private and never a feature"),
     (["--exclude", "y"], "--exclude names the label column 'y'"),
-    (["--features", "x", "--exclude", "x"], "--features and --exclude both name 'x'"),
+    (["--features", "x", "--exclude", "x"], "--exclude x does nothing with --features x"),
+    (["--features", "x", "--exclude", "zip"], "--exclude zip does nothing with --features x: --features uses exactly "
+                                              "the columns it names (give one of the two)"),
     (["--features", "x", "x"], "--features names 'x' more than once"),
     (["--exclude", "x"], "no usable numeric feature column besides 'y': left out x (--exclude); zip (leading zeros (e.g. '02134')"),
 ])

@@ -43,6 +43,7 @@ from rpwjax.audit.exact import DEFAULT_GRID_SIZE, DEFAULT_LABEL_GRID_SIZE, _clai
 from rpwjax.audit.report import AuditReport
 from rpwjax.audit.shipped import FRESH_LABELS, new_audit_seed, output_grid_check
 from rpwjax.mechanisms.base import Mechanism
+from rpwjax.sampling import spec
 from rpwjax.errors import InputError, check_choice, check_epsilon, check_integer
 
 DEFAULT_EPSILON = 1.0
@@ -182,21 +183,36 @@ def run_audit(mechanisms=None, epsilons=None, *, samples: int = DEFAULT_SAMPLES,
     Returns ``{"reports", "broken", "keys", "pass", "audit_seed"}``: one :class:`AuditReport` per (mechanism, ε); a
     mechanism that cannot be fitted or audited is reported in ``broken`` (the others are still audited);
     ``keys`` is the key-derivation check (:func:`rpwjax.realized.key_space_check`). Bad arguments
-    raise :class:`~rpwjax.errors.InputError`.
+    raise :class:`~rpwjax.errors.InputError`, and so does an ε that the fit or the release's grid refuses (e.g. one
+    above what a float64 release can certify, which ``rpwjax privatize`` refuses the same way): every mechanism is
+    fitted before anything is checked.
     """
     eps = np.atleast_1d(check_epsilon(epsilons if epsilons is not None else [DEFAULT_EPSILON]))
     samples = check_integer(samples, "samples")
     seed = check_integer(seed, "seed", 0)
     audit_seed = new_audit_seed() if audit_seed is None else check_integer(audit_seed, "audit_seed", 0)
     names = _names(mechanisms if mechanisms is not None else "all")
-    keys = realized.key_space_check()
-    reports, broken = [], []
+    fitted, broken = [], []
     for name in names:
         for e in eps:
             try:
-                reports += audit([name], float(e), samples, seed, audit_seed=audit_seed)
+                params = fit_example(name, float(e))
+                # the public grid and range of its release, as privatize computes them: there are none at an ε no
+                # float64 release can certify (e.g. Laplace above 20.1), which privatize refuses as bad input
+                spec(params)
+            except InputError:  # the ε asked for is refused: bad input, not a broken mechanism
+                raise
             except Exception as err:  # noqa: BLE001 - the arguments are valid: this mechanism is broken, not the call
                 broken.append(f"{name} at epsilon={e:g}: could not be audited: {type(err).__name__}: {err}")
+                continue
+            fitted.append((name, e, params))
+    keys = realized.key_space_check()
+    reports = []
+    for name, e, params in fitted:
+        try:
+            reports.append(audit_mechanism(params, samples=samples, seed=seed, name=name, audit_seed=audit_seed))
+        except Exception as err:  # noqa: BLE001 - parameters that break the audit fail it
+            broken.append(f"{name} at epsilon={e:g}: could not be audited: {type(err).__name__}: {err}")
     ok = bool(reports and not broken and keys["pass"] and all(r.passed for r in reports))
     return {"reports": reports, "broken": broken, "keys": keys, "pass": ok, "audit_seed": audit_seed}
 

@@ -84,7 +84,7 @@ import numpy as np
 
 from rpwjax import certify, realized
 from rpwjax.api import (FORMAT_VERSION, REFIT_ABSOLUTE, REFIT_TOLERANCE, load_params, one_record, prior_from_record,
-                        refit_record)
+                        record_entry, refit_record)
 from rpwjax.audit.checks import audit_mechanism, fit_record
 from rpwjax.audit.empirical import DEFAULT_SAMPLES
 from rpwjax.audit.exact import DEFAULT_GRID_SIZE, DELTA_RELATIVE_TOLERANCE, RATIO_TOLERANCE, exact_check, label_grid
@@ -656,7 +656,9 @@ def audit_params_file(path, *, samples: int = DEFAULT_SAMPLES, seed: int = 0,
     samples = check_integer(samples, "samples")
     seed = check_integer(seed, "seed", 0)
     audit_seed = new_audit_seed() if audit_seed is None else check_integer(audit_seed, "audit_seed", 0)
-    params, record = check_record(one_record(fit_record(read_json(path)), name=str(path)))
+    record = one_record(fit_record(read_json(path)), name=str(path))
+    record_entry(record, name=str(path))  # an unknown mechanism is bad input, refused naming the file
+    params, record = check_record(record)
     keys = realized.key_space_check()
     report, broken = None, []
     if params is not None:

@@ -21,6 +21,7 @@ from rpwjax.experiments.datasets import (VALIDATION_SEED, Split, load_dataset, l
 from rpwjax.experiments.plots import PLOT_PATTERN, plot_curves
 from rpwjax.experiments.sweeps import SweepConfig, format_table, run_sweep, summarize
 from rpwjax.io.atomic import check_outputs
+from rpwjax.tables import check_feature_options
 
 DEMO_CONFIG = dict(epsilons=(0.1, 0.5, 1.0, 2.0, 8.0), seeds=3, epochs=20)
 
@@ -51,6 +52,7 @@ def curves_split(*, dataset=None, data=None, label_column=None, range=None, feat
     if data is not None:
         if label_column is None or range is None:
             raise InputError("--data needs --label-column COL and --range LO HI (the range is public input)")
+        check_feature_options(features, exclude)  # before the file is read
         check_bins(bins)
         loaded = load_table(data, label_column, range[0], range[1], clip=clip, features=features, exclude=exclude,
                             report=(lambda line: None) if report is None else report)

@@ -47,7 +47,8 @@ import pyarrow.csv as pacsv
 from scipy import special
 
 from rpwjax.errors import InputError, check_integer, check_labels, check_range
-from rpwjax.tables import read_feature_table
+from rpwjax.io.source import file_kind, read_labels
+from rpwjax.tables import check_feature_options, read_feature_table
 
 __all__ = [
     "CALIFORNIA_RANGE",
@@ -293,17 +294,24 @@ def load_table(path, label_column: str, lo: float, hi: float, *, clip: bool = Fa
     the choice in words (one line each for the columns used, left out and filled); else each column left
     out or filled is reported with a ``UserWarning``. ``Dataset.notes`` records them.
     Labels must be numeric, finite and inside the public ``[lo, hi]``
-    (``clip=True`` clips those outside; NaN is always an error).
+    (``clip=True`` clips those outside; NaN is always an error). They are read and checked first, the way
+    ``rpwjax privatize`` and ``privatize-table`` read them (:func:`rpwjax.io.source.read_labels`): an error names
+    the file, the 1-based data row (and a CSV's line) and the label as written.
     """
     lo, hi = check_range(lo, hi)
+    check_feature_options(features, exclude)
+    file_kind(path, what="input file")  # CSV or Parquet (read_labels would also take a text label file)
+    labels = read_labels(path, label_column, encoding=encoding, check=(lo, hi, clip))
     table = read_feature_table(path, label_column, encoding=encoding, features=features, exclude=exclude)
+    if table.labels.size != labels.size:
+        raise InputError(f"{str(path)!r} changed while it was read ({labels.size} rows, then {table.labels.size})")
     if report is not None:
         for line in table.choice.lines():
             report(line)
     else:
         for note in table.notes:
             warnings.warn(f"{Path(path).name}: {note}", UserWarning, stacklevel=2)
-    return _make_dataset(Path(path).stem, table.features, table.labels, lo, hi, table.feature_names, table.notes,
+    return _make_dataset(Path(path).stem, table.features, labels, lo, hi, table.feature_names, table.notes,
                          clip=clip, label_name=label_column)
 
 
