@@ -134,4 +134,7 @@ def released_values(params: Mechanism, grid, low, high, u, y):
         return jnp.clip(params.sample_from_uniform(u, y), low, high)
     o = origin(params, grid)
     x = params.translated(-o).sample_from_uniform(u, y - o)
-    return jnp.clip(jnp.round(x / grid) * grid, low - o, high - o) + o
+    v = jnp.clip(jnp.round(x / grid) * grid, low - o, high - o) + o
+    # the grid point 0 is one value: a draw just below it rounds to -0.0, which adding an origin of 0 (or -0.0,
+    # for lo = -0.0) keeps, and a file would then hold -0.0 beside 0.0 where the certificate counts one cell
+    return jnp.where(v == 0, jnp.zeros_like(v), v)

@@ -429,6 +429,18 @@ def test_release_matches_the_density(case):
         assert fit["p"] > P_VALUE, (y, fit)
 
 
+@pytest.mark.parametrize("lo", [0.0, -0.0], ids=["lo0", "lo-0"])
+@pytest.mark.parametrize("name", [n for n, e in MECHANISMS.items() if not e.params.discrete])
+def test_the_grid_point_zero_is_released_as_one_value(name, lo):
+    """With the range starting at 0 (or -0.0) a draw just below 0 rounds to -0.0: a file would hold -0.0 beside
+    0.0, two values where the certificate counts one cell. Every zero released is +0.0."""
+    prior = rpwjax.priors.histogram_prior(np.linspace(lo, 1.0, 5), [8.0, 1.0, 1.0, 1.0])  # RPWithPrior: A1 at 0
+    params, _ = MECHANISMS[name].fit(prior, 1.0, **FIT_OPTIONS.get(name, {}))
+    out = rpwjax.release(params, Secret.from_seed(5), np.zeros(1_000_000))
+    zeros = out[out == 0]
+    assert zeros.size > 0 and not np.signbit(zeros).any()  # RPWithPrior's finer grid: tens of zeros
+
+
 def test_goodness_of_fit_rejects_a_wrong_density():
     """The helper above can fail: a density 5% too wide (continuous) or at the wrong ε (discrete) is rejected
     on the same released values that the right density passes."""
