@@ -185,6 +185,9 @@ PRIVATIZE_CASES = [
     ("laplace at epsilon 1e-320", b"id,y\n1,0.5\n", ["--mechanism", "laplace", "--epsilon", "1e-320", "--range",
                                                        "0", "4"], 2,
      ["laplace: epsilon=", "on the range [0, 4] cannot be certified", "epsilon is too small for this range"]),
+    ("gaussian at epsilon 1e-320", b"id,y\n1,0.5\n", ["--mechanism", "gaussian", "--epsilon", "1e-320", "--range",
+                                                        "0", "4"], 2,
+     ["epsilon=1e-320 is too small for gaussian on a range of width 4.0"]),
     ("range 0 1e-320", b"id,y\n1,0\n", ["--mechanism", "laplace", "--epsilon", "1", "--range", "0", "1e-320"], 2,
      ["laplace: epsilon=1 on the range [0, 9.99", "e-321] cannot be certified for a float64 release: the range is too "
       "narrow for float64"]),
@@ -229,7 +232,7 @@ PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fi
                   "rpwithprior at epsilon 1000", "rr-on-bins at epsilon 1000", "input is a directory",
                   "--denoise debias for laplace", "--budget passed", "epsilon nan", "rpwithprior at epsilon 1e-20",
                   "--ledger that is a CSV", "epsilon 1e400", "epsilon 1e-400", "range 0 1e400",
-                  "laplace at epsilon 1e-320", "range 0 1e-320",
+                  "laplace at epsilon 1e-320", "gaussian at epsilon 1e-320", "range 0 1e-320",
                   "--label-column given twice", "--epsilon given twice", "--mechanism given twice",
                   "--range given twice", "-o given twice", "--params given twice")
 

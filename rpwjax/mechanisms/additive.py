@@ -260,7 +260,8 @@ def _log_gaussian_delta(sigma, epsilon, width):
     first = special.log_ndtr(a - b)
     ratio = epsilon + special.log_ndtr(-a - b) - first  # log(second / first) < 0
     ratio = np.minimum(ratio, -np.finfo(np.float64).tiny)
-    log1m = np.where(ratio > -np.log(2), np.log(-np.expm1(ratio)), np.log1p(-np.exp(ratio)))
+    with np.errstate(divide="ignore", invalid="ignore"):  # np.where computes both branches; each is used where exact
+        log1m = np.where(ratio > -np.log(2), np.log(-np.expm1(ratio)), np.log1p(-np.exp(ratio)))
     return first + log1m
 
 
@@ -277,6 +278,9 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, width: float) -> float
         return float(_log_gaussian_delta(np.exp(log_sigma), eps, width)) - log_target
 
     start = np.log(np.sqrt(2 * np.log(1.25 / delta)) * width / eps)
+    if not np.isfinite(start):  # σ ≈ Δ/ε passes float64's range: no noise of that spread can be released
+        raise InputError(f"epsilon={float(epsilon)!r} is too small for gaussian on a range of width {width!r}: its noise "
+                         "scale (about width/epsilon) is beyond float64")
     lower, upper = start, start
     while excess(lower) <= 0:
         lower -= 1.0
