@@ -153,7 +153,10 @@ class ReleaseRun:
                 yield self
             except BaseException:
                 if self._appended is not None:
-                    ledger.retract(self.ledger, self._appended)
+                    # the error that stopped the outputs is the one to report; a ledger that cannot be rewritten
+                    # keeps the line (it then counts a release that did not leave: the total stays an upper bound)
+                    with contextlib.suppress(OSError, InputError):
+                        ledger.retract(self.ledger, self._appended)
                     self._appended = None
                 raise
             finally:
