@@ -45,6 +45,8 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
+
 from rpwjax.accounting import Accounting
 from rpwjax.errors import InputError
 from rpwjax.keys import canonical_json
@@ -140,6 +142,27 @@ def _same_release(a: dict, b: dict) -> bool:
     keys = ("command", "label_column", "row_offset", "settings", "key_fingerprint", "epsilon")
     return all(a[k] == b[k] for k in keys) and a["input"]["sha256"] == b["input"]["sha256"] and (
         a["rows"] is None or b["rows"] is None or a["rows"] == b["rows"])
+
+
+class ReleasedDigest:
+    """SHA-256 of released values as float64, fed in row order (chunk by chunk): the ledger's check that a
+    reproduction released the same values (:func:`commit`). The values leave the program
+    anyway, so their digest tells nothing more."""
+
+    def __init__(self):
+        self._hash = hashlib.sha256()
+
+    def update(self, values) -> None:
+        self._hash.update(np.ascontiguousarray(np.asarray(values, dtype="<f8")).tobytes())
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+    @classmethod
+    def of(cls, values) -> str:
+        digest = cls()
+        digest.update(values)
+        return digest.hexdigest()
 
 
 def _check_same_output(earlier: dict, record: dict):

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import warnings
 
@@ -172,7 +171,7 @@ class ReleaseRun:
     def finish(self, rows: int, accounting: dict | None = None, released_sha256: str | None = None) -> dict:
         """Commit the record for ``rows``; ``accounting`` (a serialized :class:`rpwjax.accounting.Accounting`,
         e.g. a pipeline's record) goes into it (:func:`rpwjax.ledger.account_fields`). ``released_sha256``, the
-        digest of what the release put out (:class:`ReleasedDigest`), lets the ledger refuse a claimed
+        digest of what the release put out (:class:`rpwjax.ledger.ReleasedDigest`), lets the ledger refuse a claimed
         reproduction that released other values."""
         self.record.update(rows=int(rows))
         if released_sha256 is not None:
@@ -189,27 +188,6 @@ class ReleaseRun:
                              "delta_total_on_input": status["delta_total"],
                              "releases_of_input": status["previous_releases"] + (0 if status["reproduced"] else 1)}}
         return fields
-
-
-class ReleasedDigest:
-    """SHA-256 of released values as float64, fed in row order (chunk by chunk): the ledger's check that a
-    reproduction released the same values (:func:`rpwjax.ledger.commit`). The values leave the program
-    anyway, so their digest tells nothing more."""
-
-    def __init__(self):
-        self._hash = hashlib.sha256()
-
-    def update(self, values) -> None:
-        self._hash.update(np.ascontiguousarray(np.asarray(values, dtype="<f8")).tobytes())
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
-
-    @classmethod
-    def of(cls, values) -> str:
-        digest = cls()
-        digest.update(values)
-        return digest.hexdigest()
 
 
 def randomness_record(secret: Secret, record: dict) -> dict:
@@ -294,7 +272,7 @@ def release_file(
     the sidecar records it with the row offset and the row count.
     ``before_commit(rows, released_sha256)``, if given, runs once the output is complete and
     before it appears (the CLI appends the ledger record there, with the digest of the released
-    values before any post-processing: :class:`ReleasedDigest`); the dict it returns joins the sidecar.
+    values before any post-processing: :class:`rpwjax.ledger.ReleasedDigest`); the dict it returns joins the sidecar.
     ``postprocess`` (e.g. posterior denoising) maps the private labels of each
     chunk before they are written; it must be a function of the private
     labels and public quantities only. ``output_path.json`` receives ``record`` plus the row count.
@@ -320,7 +298,7 @@ def release_file(
     sidecar_path = str(output_path) + ".json"
     output_spec = spec(params)  # public, the same for every chunk: computed once
     certify.certify(params, output_spec)  # before any output: the realized check of these exact parameters (cached)
-    digest = ReleasedDigest()  # of the release itself, before any post-processing (not part of its identity)
+    digest = ledger.ReleasedDigest()  # of the release itself, before any post-processing (not part of its identity)
 
     def released(first: int, y: np.ndarray) -> np.ndarray:
         check_label_rows(y, params.lo, params.hi, clip=clip, first_row=first, where=source.where,
@@ -508,7 +486,7 @@ def fit_file(labels_path, options: FitOptions, *, label_column=None, encoding=No
     private = [r["prior"].get("masses", []) for r in records if float(r["epsilon_prior"]) > 0]
     with run.recording():
         run.finish(labels.size, account.to_json(),
-                   ReleasedDigest.of(np.concatenate([np.ravel(m) for m in private])) if private else None)
+                   ledger.ReleasedDigest.of(np.concatenate([np.ravel(m) for m in private])) if private else None)
         if save:
             write_json(save, records[0])
     return records, run.line

@@ -24,7 +24,7 @@ import rpwjax
 from rpwjax import ledger, stream
 from rpwjax.keys import Secret
 from rpwjax.priors import private_histogram
-from rpwjax.privatize import ReleasedDigest
+from rpwjax.ledger import ReleasedDigest
 from helpers import fixed_key, run, slow_unless
 
 LO, HI = 0.0, 1.0

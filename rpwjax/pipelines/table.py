@@ -31,7 +31,8 @@ from rpwjax.keys import Secret, secret_record
 from rpwjax.pipelines import auto
 from rpwjax.pipelines import pipeline as lookup
 from rpwjax.ledger import ledger_path
-from rpwjax.privatize import ReleasedDigest, bind_release, open_release
+from rpwjax.ledger import ReleasedDigest
+from rpwjax.privatize import bind_release, open_release
 from rpwjax.tables import read_feature_table
 
 DEFAULT_EPOCHS = 50
@@ -146,7 +147,7 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
     ``secret`` is already bound; the sidecar records it). ``before_commit(rows, accounting, released_sha256)``, if
     given, runs once the output is complete and before it appears, with the pipeline's record (its serialized
     account, :class:`rpwjax.accounting.Accounting`) and the digest of the released labels
-    (:class:`rpwjax.privatize.ReleasedDigest`); the dict it returns joins the sidecar. ``features`` /
+    (:class:`rpwjax.ledger.ReleasedDigest`); the dict it returns joins the sidecar. ``features`` /
     ``exclude``: the feature columns on purpose (:func:`rpwjax.tables.choose_features`). ``progress``: bars
     on stderr for each step (reading, the pipeline's steps, writing). ``report(line)``, if given, receives
     the feature choice in words.
