@@ -6,7 +6,7 @@ the Dask path and the Python ``rpwjax.release`` are all checked: the
 *realized* probability of every output cell of the shipped release
 (:mod:`rpwjax.realized`, exact by bisection on the uniform index) at the
 range ends, every label breakpoint and its float neighbours and a grid of
-labels, against ε + :data:`rpwjax.realized.REALIZED_TOLERANCE` (δ for
+labels, against ε + :func:`rpwjax.realized.tolerance` (ε), i.e. min(1e-6, 1e-3·ε) (δ for
 the Gaussian). A release that fails raises :class:`~rpwjax.errors.InputError`
 with one line naming the mechanism, ε and the range; nothing is written.
 
@@ -27,6 +27,8 @@ of the narrowest and the widest interval. Rows whose bound does not hold (and
 any other mechanism or sampler) get the realized check per distinct set.
 
 **What cannot be certified is refused, consistently over ε.** A pure mechanism
+with ε below :data:`~rpwjax.grid.MIN_EPSILON` (1.14e-10) is refused: holding its rounding within 0.1%
+of ε would need more than 2^46 uniforms in every cell. One
 with ε above :data:`~rpwjax.grid.MAX_EPSILON` = ln(2^52 / 2^23) is
 refused by :func:`rpwjax.sampling.spec` before any check:
 there some output has less than e^-ε the probability of another output,
@@ -128,7 +130,7 @@ def _certify_rows(params: Mechanism, output_spec: dict):
         bound = np.broadcast_to(np.asarray(bound_fn(output_spec["grid"], output_spec["low"], output_spec["high"]),
                                            np.float64), (n,))
         eps = np.broadcast_to(np.asarray(params.epsilon, np.float64), (n,))
-        held = bound[first] <= eps[first] + realized.REALIZED_TOLERANCE  # NaN (no bound for this row): not held
+        held = bound[first] <= eps[first] + realized.tolerance(eps[first])  # NaN (no bound for this row): not held
         width = np.broadcast_to(np.asarray(output_spec["high"], np.float64) -
                                 np.asarray(output_spec["low"], np.float64), (n,))[first]
         todo = [i for i, ok in zip(first, held) if not ok]

@@ -25,7 +25,8 @@ the per-cell maximum and minimum so that memory does not grow with them):
 
 * pure mechanisms: ``realized_max_log_ratio`` = max over cells of
   log max_y P(c|y) - log min_y P(c|y) (infinite where one label can emit a
-  value that another cannot); pass iff <= ε + :data:`REALIZED_TOLERANCE`;
+  value that another cannot); pass iff <= ε + :func:`tolerance` (ε), the smaller of
+  :data:`REALIZED_TOLERANCE` and :data:`~rpwjax.grid.RELATIVE_TOLERANCE` · ε;
 * (ε, δ) mechanisms: the realized δ, max over ordered label pairs of
   Σ_c max(0, P(c|y) - e^ε P(c|y')); pass iff <= δ.
 
@@ -45,17 +46,24 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from rpwjax.grid import UNIFORM_COUNT
+from rpwjax.grid import RELATIVE_TOLERANCE, UNIFORM_COUNT
 from rpwjax.keys import SECRET_BYTES, Secret
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.sampling import released_values, spec, uniform_from_index
 
-REALIZED_TOLERANCE = 1e-6
+REALIZED_TOLERANCE = 1e-6  # the absolute part of tolerance(): what rounding may add to a log ratio at most
 CHECK_DRAWS = 1 << 14  # random k per label for the monotonicity and membership checks
 MAX_ENUMERATION = 1 << 25  # value_fn with at most this many uniforms may be enumerated
 COARSE_BITS = 16  # the bracketing pass evaluates at most every (count / 2^16)-th uniform
 LABEL_BATCH = 32  # labels bisected together (vmapped)
 STREAM_BATCH = 256  # extra labels whose counts are held at once
+
+
+def tolerance(epsilon):
+    """How far a certified pure release's realized max log ratio may exceed ``epsilon``: ``min(1e-6, 1e-3·ε)``
+    (elementwise), so the guarantee is ε-DP to 0.1% of ε, and to 1e-6 at every ε above 1e-3. Release grids
+    are chosen to keep the rounding well inside it (:func:`rpwjax.grid.cell_count`)."""
+    return np.minimum(REALIZED_TOLERANCE, RELATIVE_TOLERANCE * np.asarray(epsilon, np.float64))
 
 
 class ValueFn:
@@ -280,8 +288,8 @@ def check(params: Mechanism, *, labels=None, value_fn=None, count=None, cells=No
             real_delta = max(real_delta, _pair_delta(p, q, growth), _pair_delta(q, p, growth))
     ratio = max_log_ratio(np.stack([top, bottom]))
     used = top > 0
-    if pure and not ratio <= eps + REALIZED_TOLERANCE:
-        problems.append(f"realized max log ratio {ratio:.9g} exceeds epsilon={eps:g} + {REALIZED_TOLERANCE:g}")
+    if pure and not ratio <= eps + tolerance(eps):
+        problems.append(f"realized max log ratio {ratio:.9g} exceeds epsilon={eps:g} + {float(tolerance(eps)):g}")
     if not pure and not real_delta <= delta:
         problems.append(f"realized delta {real_delta:.6g} at epsilon={eps:g} exceeds delta={delta:g}")
     with jax.enable_x64(True):

@@ -31,10 +31,11 @@ exactly (by bisection on ``k``) and :mod:`rpwjax.certify` checks against ε
 before every release. The grid and the clamp are chosen from public
 quantities only (the parameters: ε, the range, the noise scale, the fitted
 interval) by :meth:`~rpwjax.mechanisms.base.Mechanism.release_spec`, so that
-every output cell holds at least :data:`~rpwjax.grid.MIN_CELL_COUNT` uniforms
-at every label (half that at the two ends): then integer rounding of the realized
-probabilities moves a log ratio by at most about 2^-21 (measured up to 1.3e-7), well inside the
-certificate's absolute tolerance of 1e-6 (:data:`rpwjax.realized.REALIZED_TOLERANCE`).
+every output cell holds at least :func:`~rpwjax.grid.cell_count` (ε) uniforms
+at every label (half that at the two ends; 2^23, more for a pure ε below about 1e-3): then integer
+rounding of the realized probabilities moves a log ratio by at most about 2^-21 (measured up to 1.3e-7)
+and by under ε/2000, inside the certificate's tolerance of min(1e-6, 1e-3·ε)
+(:func:`rpwjax.realized.tolerance`).
 
 The sampling kernels (``Mechanism.sample``) are *not* releases: they draw
 their own uniforms and neither snap nor clamp; they serve tests and

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rpwjax.errors import InputError
-from rpwjax.grid import MAX_EPSILON, UNIFORM_BITS, float_step, origin
+from rpwjax.grid import MAX_EPSILON, MIN_EPSILON, UNIFORM_BITS, float_step, origin
 from rpwjax.keys import canonical_json
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.stream import block_bits
@@ -96,6 +96,11 @@ def spec(params: Mechanism) -> dict:
         raise InputError(f"{where} cannot be certified for a float64 release: epsilon above {MAX_EPSILON:.4g} = "
                          "ln(2^52 / 2^23) leaves some output fewer than 2^23 of the 2^52 uniforms next to another, "
                          "too few to certify the ratio")
+    if params.pure and not float(np.min(params.epsilon)) >= MIN_EPSILON:
+        raise InputError(f"{params.name}: epsilon={float(np.min(params.epsilon)):g} on the range {range_text(params)} "
+                         f"cannot be certified for a float64 release: epsilon is too small (below {MIN_EPSILON:.3g}, "
+                         "holding the realized ratio within 0.1% of epsilon needs more than 2^46 of the 2^52 uniforms "
+                         "in every output cell)")
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         try:
             s = params.release_spec()

@@ -272,13 +272,14 @@ def staircase_variance_textbook(epsilon, gamma, width):
 
 
 @pytest.mark.parametrize("name", ["laplace", "staircase"])
-def test_tiny_epsilon_variance_is_float64_and_releases(name):
+def test_tiny_epsilon_variance_is_float64_and_the_release_refused_below_the_certified_floor(name):
     """At ε = 1e-17 (above the exact sampler's smallest, rpwjax.noise.min_epsilon()) the noise variance
-    passes float32's range (staircase) or loses float32 precision (Laplace): it is computed in float64, so
-    the release's grid search finds a finite grid instead of refusing ε as too small for the range. Far
-    smaller ε work too, as long as the variance itself fits in float64 (about 2Δ²/ε²)."""
+    passes float32's range (staircase) or loses float32 precision (Laplace): it is computed in float64.
+    Such an ε is then refused by the release with one line, below rpwjax.grid.MIN_EPSILON (no grid of the
+    2^52 uniforms holds the realized ratio within 0.1% of it), while just above that floor it releases."""
     import rpwjax
     from rpwjax import noise
+    from rpwjax.grid import MIN_EPSILON
 
     assert not jax.config.jax_enable_x64  # the default float32 mode, where the variance used to overflow
     width = HI - LO
@@ -293,6 +294,10 @@ def test_tiny_epsilon_variance_is_float64_and_releases(name):
     assert np.asarray(variance).dtype == np.float64
     assert np.isfinite(expected) and expected > 0
     np.testing.assert_allclose(variance, expected, rtol=1e-13)
+    with pytest.raises(InputError, match=r"epsilon=1e-17 .* cannot be certified for a float64 release: epsilon is "
+                                         r"too small \(below 1.14e-10"):
+        rpwjax.release(params, Secret.from_seed(0), np.array([LO, 1.0, HI]))
+    params, _ = FITS[name](PRIOR, 1.01 * MIN_EPSILON)
     out = rpwjax.release(params, Secret.from_seed(0), np.array([LO, 1.0, HI]))
     assert out.dtype == np.float64 and np.all(np.isfinite(out))
     # the labels' dtype still sets the dtype of the MSE and variance on the device
@@ -300,4 +305,3 @@ def test_tiny_epsilon_variance_is_float64_and_releases(name):
     # at ε = 1e-120, (1 - b)³ ≈ 1e-360 underflows float64, the variance ≈ 2Δ²/ε² = 4.5e240 does not
     params, _ = FITS[name](PRIOR, 1e-120)
     np.testing.assert_allclose(params.noise_variance(), 2 * (width / 1e-120) ** 2, rtol=1e-9)
-    assert np.all(np.isfinite(rpwjax.release(params, Secret.from_seed(0), np.array([LO, HI]))))

@@ -382,6 +382,29 @@ def test_realized_check_catches_a_clamp_beyond_the_resolution_of_the_uniform():
     assert not report["pass"] and report["realized_max_log_ratio"] == np.inf
 
 
+@pytest.mark.parametrize("name", ["laplace", "staircase"])
+def test_realized_ratio_is_within_a_thousandth_of_a_small_epsilon(name, monkeypatch):
+    """Below ε = 1e-3 the certificate allows min(1e-6, 1e-3·ε), not an absolute 1e-6, and the release grid
+    holds enough uniforms per cell (rpwjax.grid.cell_count) to meet it: at ε = 1e-7 the realized ratio is
+    within 0.1% of ε. With cells of 2^23 uniforms at every ε, the same release realizes about 2.15e-7,
+    twice ε, and the check refuses it."""
+    from rpwjax import grid
+    from rpwjax.mechanisms import additive
+
+    epsilon = 1e-7
+    params = fit_example(name, epsilon)
+    report = realized.check(params)
+    assert report["pass"], report["problems"]
+    assert epsilon - 1e-15 <= report["realized_max_log_ratio"] <= epsilon * (1 + grid.RELATIVE_TOLERANCE)
+    assert float(realized.tolerance(epsilon)) == pytest.approx(1e-10, rel=1e-12)
+    assert float(realized.tolerance(2.0)) == 1e-6
+    monkeypatch.setattr(additive, "cell_count", lambda eps, pure=True: float(grid.MIN_CELL_COUNT))
+    coarse = realized.check(params)
+    assert not coarse["pass"] and coarse["realized_max_log_ratio"] > 1.5 * epsilon
+    assert any(p.startswith("realized max log ratio") and "exceeds epsilon=1e-07 + 1e-10" in p
+               for p in coarse["problems"])
+
+
 def test_realized_check_catches_a_sampler_that_is_not_monotone():
     class Shuffled(Laplace):
         def sample_from_uniform(self, u, y):

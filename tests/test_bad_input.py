@@ -184,7 +184,7 @@ PRIVATIZE_CASES = [
     # the noise's variance overflows: one line, no NumPy "overflow encountered" warning before it
     ("laplace at epsilon 1e-320", b"id,y\n1,0.5\n", ["--mechanism", "laplace", "--epsilon", "1e-320", "--range",
                                                        "0", "4"], 2,
-     ["laplace: epsilon=", "on the range [0, 4] cannot be certified", "epsilon is too small for this range"]),
+     ["laplace: epsilon=", "on the range [0, 4] cannot be certified", "epsilon is too small (below 1.14e-10"]),
     ("gaussian at epsilon 1e-320", b"id,y\n1,0.5\n", ["--mechanism", "gaussian", "--epsilon", "1e-320", "--range",
                                                         "0", "4"], 2,
      ["epsilon=1e-320 is too small for gaussian on a range of width 4.0"]),
@@ -214,7 +214,13 @@ PRIVATIZE_CASES = [
       "the smallest accepted is 1.95e-17"]),
     ("laplace at epsilon 1e-300", b"id,y\n1,0.5\n", ["--mechanism", "laplace", "--epsilon", "1e-300", "--range",
                                                       "0", "1"], 2,
-     ["laplace: epsilon=1e-300 on the range [0, 1] cannot be certified", "epsilon is too small for this range"]),
+     ["laplace: epsilon=1e-300 on the range [0, 1] cannot be certified", "epsilon is too small (below 1.14e-10"]),
+    # below 1.14e-10 no grid holds the realized ratio within 0.1% of ε: refused for every pure mechanism
+    ("staircase at epsilon 1e-10", b"id,y\n1,0.5\n", ["--mechanism", "staircase", "--epsilon", "1e-10", "--range",
+                                                        "0", "1"], 2,
+     ["staircase: epsilon=1e-10 on the range [0, 1] cannot be certified for a float64 release: epsilon is too small "
+      "(below 1.14e-10, holding the realized ratio within 0.1% of epsilon needs more than 2^46 of the 2^52 uniforms "
+      "in every output cell)"]),
     ("range wider than float64", b"id,y\n1,0.5\n",
      ["--mechanism", "rpwithprior", "--epsilon", "1", "--range", "-1e308", "1e308"], 2,
      ["range is too wide: its width hi - lo is not finite in float64, got range=(-1e+308, 1e+308)"]),
@@ -232,7 +238,7 @@ PRIVATIZE_FAST = ("Latin-1 file read as UTF-8", "--zeta for laplace", "inline fi
                   "rpwithprior at epsilon 1000", "rr-on-bins at epsilon 1000", "input is a directory",
                   "--denoise debias for laplace", "--budget passed", "epsilon nan", "rpwithprior at epsilon 1e-20",
                   "--ledger that is a CSV", "epsilon 1e400", "epsilon 1e-400", "range 0 1e400",
-                  "laplace at epsilon 1e-320", "gaussian at epsilon 1e-320", "range 0 1e-320",
+                  "laplace at epsilon 1e-320", "gaussian at epsilon 1e-320", "staircase at epsilon 1e-10", "range 0 1e-320",
                   "--label-column given twice", "--epsilon given twice", "--mechanism given twice",
                   "--range given twice", "-o given twice", "--params given twice")
 

@@ -455,3 +455,43 @@ def test_saved_params_round_trip_and_verify_at_the_stated_epsilon(tmp_path):
         assert abs(float(back.bias(jnp.float64(1.0)))) <= 1e-12
     _, report = verify_record(record)
     assert report["epsilon_mechanism_recomputed"] <= 0.9 + 1e-9
+
+
+def test_a_restricted_lp_the_default_method_leaves_unsolved_goes_to_the_next_method(monkeypatch):
+    """At a small ε HiGHS's default method can stop without an answer (seen at ε = 0.002 on a Beta(2, 5)
+    sample); the fit then asks the dual simplex, then the interior point, and only when none solves the LP
+    refuses with one line naming ε (at ε = 1e-4 none does: outputs 15,000 ranges away)."""
+    from rpwjax.mechanisms import unbiased_lp
+
+    prior = empirical_prior(np.random.default_rng(0).beta(2, 5, 20), 0.0, 1.0)
+    expected, _ = fit_unbiased(prior, 1.0, grid_size=65)
+    calls = []
+
+    def default_fails(*args, method, **kwargs):
+        calls.append(method)
+        result = linprog(*args, method=method, **kwargs)
+        if method == "highs":
+            result.status, result.message = 4, "numerical difficulties (a stand-in)"
+        return result
+
+    monkeypatch.setattr(unbiased_lp, "linprog", default_fails)
+    params, info = fit_unbiased(prior, 1.0, grid_size=65)
+    assert "highs-ds" in calls and "highs-ipm" not in calls  # the dual simplex answered every time
+    assert info["label_mse"] == pytest.approx(float(expected.label_mse(prior)), rel=1e-6)
+    y = np.linspace(0.0, 1.0, 41)
+    z = np.asarray(params.outputs)
+    with jax.enable_x64(True):
+        logp = np.asarray(_log_density(params, jnp.asarray(z)[None, :], jnp.asarray(y)[:, None]))
+        bias = np.asarray(_bias(params, jnp.asarray(y)))
+    assert np.all(np.isfinite(logp)) and np.max(logp.max(0) - logp.min(0)) <= 1.0 + 1e-9  # exact ε-DP
+    assert np.max(np.abs(bias)) <= 1e-9  # unbiased on [lo, hi]
+
+    def all_fail(*args, method, **kwargs):
+        result = linprog(*args, method=method, **kwargs)
+        result.status, result.message = 4, f"{method} failed (a stand-in)"
+        return result
+
+    monkeypatch.setattr(unbiased_lp, "linprog", all_fail)
+    with pytest.raises(InputError, match=r"^unbiased: no fit at epsilon=1\.0: none of HiGHS's methods \(highs, "
+                                         r"highs-ds, highs-ipm\) solved its LP \(last: highs-ipm failed"):
+        fit_unbiased(prior, 1.0, grid_size=65)

@@ -87,7 +87,8 @@ def legend(samples: int, keys: dict, audit_seed: int | None = None) -> str:
         f"exact: max log density ratio of the ideal density over a grid of labels and outputs, pass iff <= "
         f"eps + {RATIO_TOLERANCE:g}; (eps, delta)-DP mechanisms: delta(eps) of the privacy-loss profile <= delta."
         f"\nrealized: the exact probability of every value the release path can emit (2^52 uniforms, bisection "
-        f"on the monotone sampler), max log ratio over labels, pass iff <= eps + {realized.REALIZED_TOLERANCE:g} "
+        f"on the monotone sampler), max log ratio over labels, pass iff <= eps + min({realized.REALIZED_TOLERANCE:g}, "
+        f"{realized.RELATIVE_TOLERANCE:g}*eps) "
         f"(Gaussian: realized delta <= delta); labels: the range ends, every breakpoint and its float "
         f"neighbours, a grid, and {FRESH_LABELS} fresh random labels"
         + ("" if audit_seed is None else f" (audit seed {audit_seed}; --audit-seed {audit_seed} reproduces them)")
@@ -166,7 +167,7 @@ def _judged_against(report: AuditReport, eps2, delta) -> AuditReport:
         return report
     if report.pure:
         exact_pass = report.exact_pass and report.exact_max_log_ratio <= eps2 + RATIO_TOLERANCE
-        realized_pass = report.realized_pass and report.realized_max_log_ratio <= eps2 + realized.REALIZED_TOLERANCE
+        realized_pass = report.realized_pass and report.realized_max_log_ratio <= eps2 + realized.tolerance(eps2)
     else:
         exact_pass = report.exact_pass and report.exact_delta <= delta * (1 + DELTA_RELATIVE_TOLERANCE)
         realized_pass = report.realized_pass and report.realized_delta <= delta

@@ -422,7 +422,7 @@ def _realized_stage(params, stated: dict, problems: list[str]) -> dict:
     problems += [f"realized check: {p}" for p in real["problems"] if not p.startswith(verdicts)]
     if params.pure:
         ratio = real["realized_max_log_ratio"]
-        if eps2 is not None and not ratio <= eps2 + realized.REALIZED_TOLERANCE:
+        if eps2 is not None and not ratio <= eps2 + realized.tolerance(eps2):
             problems.append(f"realized check: max log ratio {ratio:.9g} of the shipped release exceeds "
                             f"epsilon_mechanism={eps2!r}")
         return {"realized_max_log_ratio": ratio, "output_grid": real["info"].get("output_grid"),

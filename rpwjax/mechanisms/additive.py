@@ -46,7 +46,7 @@ import numpy as np
 from scipy import optimize, special
 
 from rpwjax.errors import InputError, format_value, check_choice, check_epsilon, check_range
-from rpwjax.grid import MAX_CELLS, MIN_CELL_COUNT, UNIFORM_COUNT, pow2_at_least
+from rpwjax.grid import MAX_CELLS, UNIFORM_COUNT, cell_count, pow2_at_least
 from rpwjax.mechanisms.base import Mechanism, params_dataclass
 
 CALIBRATIONS = ("analytic", "classic")
@@ -147,9 +147,9 @@ class _Additive(Mechanism):
 
         h starts at the largest power of two <= std(X)/16 (its rounding adds at
         most h²/12 <= Var[X]/3072 to the label MSE). T is the largest margin at
-        which every full output cell still holds ``MIN_CELL_COUNT`` of the 2^52
+        which every full output cell still holds M = :func:`rpwjax.grid.cell_count` (ε) of the 2^52
         uniforms at every label: with D = Δ + T the farthest distance between a
-        label and an unclamped output, N·h·f(D) >= ``MIN_CELL_COUNT``, f the noise
+        label and an unclamped output, N·h·f(D) >= M, f the noise
         density. h is doubled while T < 0 or the range has more than
         ``MAX_CELLS`` cells.
         """
@@ -158,14 +158,15 @@ class _Additive(Mechanism):
         h = pow2_at_least(std / 16)
         if h > std / 16:
             h /= 2
+        need = cell_count(self.epsilon, self.pure)
         for _ in range(200):
-            distance = self._tail_distance(float(np.log(MIN_CELL_COUNT / (UNIFORM_COUNT * h))))
+            distance = self._tail_distance(float(np.log(need / (UNIFORM_COUNT * h))))
             margin = distance - width
             if margin >= 0 and (width + 2 * margin) / h <= MAX_CELLS:
                 break
             h *= 2
         else:  # at a very large ε the noise is too narrow for any float64 grid to keep every cell's mass
-            raise InputError(f"epsilon is too large: no public grid keeps {MIN_CELL_COUNT:g} of the 2^52 uniforms in "
+            raise InputError(f"epsilon is too large: no public grid keeps {need:g} of the 2^52 uniforms in "
                              "every output cell")
         return {"grid": h, "low": np.ceil((self.lo - margin) / h) * h, "high": np.floor((self.hi + margin) / h) * h}
 

@@ -45,7 +45,7 @@ import numpy as np
 from jax import lax
 
 from rpwjax.errors import InputError, check_choice, check_epsilon, check_positive
-from rpwjax.grid import MAX_CELLS, MIN_CELL_COUNT, UNIFORM_COUNT, origin, pow2_at_least
+from rpwjax.grid import MAX_CELLS, UNIFORM_COUNT, cell_count, origin, pow2_at_least
 from rpwjax.mechanisms import interval_search
 from rpwjax.mechanisms.base import Mechanism, params_dataclass
 from rpwjax.priors import Prior, tree_rows
@@ -103,13 +103,13 @@ class RPWithPrior(Mechanism):
 
         The end cells then hold at least h/2 of the support, so every cell has
         probability at least :math:`\frac{h}{2} e^{-\varepsilon}/\gamma` at every label;
-        h is the smallest power of two with N·that >= ``MIN_CELL_COUNT`` and at
+        h is the smallest power of two with N·that >= :func:`rpwjax.grid.cell_count` (ε) and at
         most ``MAX_CELLS`` cells (a function of the released parameters only).
         """
         eps, zeta, a1, a2 = (np.asarray(v, np.float64) for v in (self.epsilon, self.zeta, self.a1, self.a2))
         gamma = 2 * zeta + np.exp(-eps) * (a2 - a1)
         width = a2 - a1 + 2 * zeta
-        need = np.maximum(2.0 * MIN_CELL_COUNT * gamma * np.exp(eps) / UNIFORM_COUNT, width / MAX_CELLS)
+        need = np.maximum(2.0 * cell_count(eps) * gamma * np.exp(eps) / UNIFORM_COUNT, width / MAX_CELLS)
         h = pow2_at_least(float(np.max(need)))
         return {"grid": h, "low": np.ceil((a1 - zeta) / h) * h, "high": np.floor((a2 + zeta) / h) * h}
 

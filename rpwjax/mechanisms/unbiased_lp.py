@@ -60,7 +60,12 @@ their duals stay far above the solver's tolerance (with masses near 1e-9 the
 prices of those rows are noise and the search crawls). ``info["label_mse"]`` is
 always computed under the prior's true masses.
 
-**Exactness.** The LP is solved at ε' = min(ε, 12) - 1e-8. The final matrix
+**Solver.** Each restricted LP goes to HiGHS's default method, then its dual simplex, then its interior
+point, until one solves it: at a small ε (outputs hundreds of ranges away) the default alone can stop
+without an answer (seen at ε = 0.002-0.003). Where none does (e.g. ε = 1e-4), the fit is refused with an
+:class:`~rpwjax.errors.InputError` naming ε.
+
+**Exactness.** The LP is solved at ε' = min(ε, 12) - 1e-8 (below ε = 1e-6: minus 1% of ε). The final matrix
 keeps the outputs with mass, is clipped into the DP box
 :math:`[u_m, e^{\varepsilon'} u_m]` column by column, and a per-row affine
 reweighting (relative change δ at most min((ε - ε')/4, 1e-6), checked: 2.5e-9
@@ -103,6 +108,11 @@ _RETRY_MARGINS = (1e-6, 1e-4)  # ... or at ε - these, when its solution is too 
 _MAX_POLISH = 1e-6  # the polish never changes an entry by more than this (relative)
 _LOW, _FREE, _HIGH = 0, 1, 2
 _HIGHS_OPTIONS = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
+_HIGHS_METHODS = ("highs", "highs-ds", "highs-ipm")  # tried in turn until one solves the restricted LP
+
+
+class UnsolvedLP(RuntimeError):
+    """No HiGHS method solved a restricted LP (seen only at small ε, e.g. 1e-4: outputs 15,000 ranges away)."""
 
 
 # --------------------------------------------------------------------------- the output grid
@@ -210,12 +220,16 @@ def _restricted_lp(problem: _Problem, z, status):
     lower = np.zeros(n)
     lower[isum : isum + g] = -np.inf
     bounds = np.stack([lower, np.full(n, np.inf)], axis=1)
-    res = linprog(
-        cost, A_ub=a_ub, b_ub=np.zeros(n_free), A_eq=a_eq, b_eq=b_eq, bounds=bounds, method="highs",
-        options=_HIGHS_OPTIONS,
-    )
-    if res.status != 0:
-        raise RuntimeError(f"internal error: the restricted unbiased LP failed: {res.message}")
+    for method in _HIGHS_METHODS:  # HiGHS's default choice first; at a small ε (outputs hundreds of ranges
+        # away, costs up to ~1e6) it can stop without an answer where its dual simplex or interior point does not
+        res = linprog(
+            cost, A_ub=a_ub, b_ub=np.zeros(n_free), A_eq=a_eq, b_eq=b_eq, bounds=bounds, method=method,
+            options=_HIGHS_OPTIONS,
+        )
+        if res.status == 0:
+            break
+    else:
+        raise UnsolvedLP(f"none of HiGHS's methods ({', '.join(_HIGHS_METHODS)}) solved its LP (last: {res.message})")
     duals = res.eqlin.marginals[2 * g :]
     free = np.zeros((k, g))
     free[free_rows, free_cols] = res.x[ir:]
@@ -367,17 +381,22 @@ def _polish(problem: _Problem, z, u, free, status, slack: float):
 def solve(x, p, epsilon: float, grid_size: int, extension):
     """The optimal unbiased randomizer of one normalised problem: (outputs, Q, info).
 
-    The LP is solved at min(ε, MAX_LP_EPSILON) - 1e-8; when HiGHS leaves a solution that the polish
+    The LP is solved at min(ε, MAX_LP_EPSILON) - 1e-8 (1% of ε below 1e-6); when HiGHS leaves a solution that the polish
     cannot repair within that margin (seen on peaked priors at the cap), it is solved again with a
     margin of 1e-6, then 1e-4, each only while it is at most 1% of that ε: a slightly smaller ε, still
     ε-DP (``info["lp_margin"]`` says which)."""
     eps_lp = min(epsilon, MAX_LP_EPSILON)
-    margins = (_EPSILON_MARGIN, *(m for m in _RETRY_MARGINS if m <= 0.01 * eps_lp))
+    # below ε = 1e-6 the first margin is 1% of ε, so the LP's ε stays positive
+    margins = (min(_EPSILON_MARGIN, 0.01 * eps_lp), *(m for m in _RETRY_MARGINS if m <= 0.01 * eps_lp))
     for margin in margins:
         try:
             return _solve_with_margin(x, p, epsilon, grid_size, extension, margin)
         except _TooFarFromFeasible as failure:
             last = failure
+        except UnsolvedLP as failure:
+            raise InputError(f"unbiased: no fit at epsilon={epsilon!r}: {failure}; at so small an epsilon its "
+                             "outputs lie hundreds of ranges beyond the labels (give a larger epsilon, or another "
+                             "mechanism)") from None
     raise RuntimeError(f"{last} at every margin tried ({', '.join(f'{m:g}' for m in margins)} below "
                        f"epsilon={eps_lp!r})") from last
 
