@@ -401,9 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--denoise", choices=["none", "posterior", "debias"], default="none",
                    help="posterior: write E[Y | private label] under the fit's prior; debias (rpwithprior only): write "
                         "(y~ - b)/a, unbiased for clip(y, A1, A2) (both post-processing, no privacy cost)")
-    p.add_argument("--row-offset", type=int, default=0,
+    p.add_argument("--row-offset", type=int, default=None,
                    help="global index of the first row, when INPUT is one shard of a larger data set (default 0); "
-                        "offset + rows must not pass 2^63")
+                        "offset + rows must not pass 2^63. Needed with a --release-id this ledger has not recorded "
+                        "(a shard made elsewhere): shards must cover disjoint rows")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing OUTPUT and OUTPUT.json (never a key file)")

@@ -174,7 +174,7 @@ def _check_same_output(earlier: dict, record: dict):
     if a is not None and b is not None and a != b:
         raise InputError(
             f"release id {record['release_id']} was recorded ({earlier['command']} at {earlier['time']}) with other "
-            f"released values (sha256 {a[:12]}..., now {b[:12]}...): the same id, key, input and settings gave other "
+            "released values: the same id, key, input and settings gave other "
             "labels (the input was read differently or the program changed), so this is no reproduction, and it "
             "would release with the same randomness; nothing was written. Drop --release-id for a new release")
 
@@ -358,6 +358,24 @@ def _check_creatable(path: Path):
         raise _cannot_open(path, f"{str(parent)!r} is not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise _cannot_open(path, f"folder {str(parent)!r} is not writable")
+
+
+def check_known_release(path, release_id: str) -> None:
+    """Refuse a release id given back that ``path``'s ledger never recorded, unless the run says which rows it
+    covers (``privatize --row-offset``, the caller's to check): two runs under one id at the same rows draw the
+    same noise, and only a ledger that saw both can refuse the second (e.g. a shard privatized on another
+    machine that forgot its offset, whose output minus the first shard's would be the labels' difference)."""
+    path = Path(path)
+    with _locked(path, create=False) as fd:
+        records = [] if fd is None else read(path)
+    if any(r["release_id"] == release_id for r in records):
+        return
+    raise InputError(
+        f"release id {release_id} is not in the ledger {str(path)!r}: give an id back only to reproduce a release "
+        "this ledger recorded (--ledger FILE: the ledger that did), or, with privatize, for another shard of it with "
+        "--row-offset N, the global index of the shard's first row. Shards must cover disjoint rows: two at the "
+        "same rows draw the same noise, and the difference of their outputs would reveal the difference of their "
+        "labels. Drop --release-id for a new release; nothing was written")
 
 
 def precheck(path, record: dict, budget=None) -> dict:

@@ -100,7 +100,7 @@ class ReleaseRun:
 
     def __init__(self, *, secret: Secret, command: str, input_path, label_column, settings: dict,
                  release_id=None, row_offset: int = 0, ledger_file=None, key_file=None, budget=None,
-                 what: str = "input file", identity_settings="same"):
+                 what: str = "input file", identity_settings="same", row_offset_given: bool = False):
         self.root = check_secret(secret)
         if self.root.release_id is not None:
             raise InputError("a command's release starts from the unbound secret (a key file or OS entropy)")
@@ -116,6 +116,8 @@ class ReleaseRun:
                                                                                row_offset=row_offset)))[:16].hex()
         self.secret = bind_release(self.root, release_id, **identity)
         self.ledger = ledger.ledger_path(ledger_file, key_file)
+        if release_id is not None and not self.root.reproducible and not row_offset_given:
+            ledger.check_known_release(self.ledger, self.secret.release_id)
         self._fields = dict(identity, settings=settings, input=source, row_offset=row_offset)
         self.record = None
         self.line = None
@@ -386,7 +388,7 @@ def _warn(report, message: str):
 
 
 def open_release(*, command: str, input_path, label_column, settings: dict, key_file=None, seed=None,
-                 secret: Secret | None = None, release_id=None, ledger_file=None, budget=None, row_offset: int = 0,
+                 secret: Secret | None = None, release_id=None, ledger_file=None, budget=None, row_offset=None,
                  what: str = "input file", identity_settings="same", report=None) -> ReleaseRun:
     """A command's :class:`ReleaseRun`: the secret (``secret``, else :func:`rpwjax.keys.resolve_secret` of
     ``key_file`` or the experiments-only ``seed``, which is never unnoticed: it warns) bound to a release id."""
@@ -396,8 +398,9 @@ def open_release(*, command: str, input_path, label_column, settings: dict, key_
             _warn(report, f"reproducible seed: not for production (--seed {seed} is for experiments; a release "
                           "takes --key-file or fresh OS entropy)")
     return ReleaseRun(secret=secret, command=command, input_path=input_path, label_column=label_column,
-                      settings=settings, release_id=release_id, row_offset=row_offset, ledger_file=ledger_file,
-                      key_file=key_file, budget=budget, what=what, identity_settings=identity_settings)
+                      settings=settings, release_id=release_id, row_offset=row_offset or 0, ledger_file=ledger_file,
+                      key_file=key_file, budget=budget, what=what, identity_settings=identity_settings,
+                      row_offset_given=row_offset is not None)
 
 
 def check_fit_epsilons(options: FitOptions, *, spend_prior: bool):
@@ -518,7 +521,7 @@ def privatize_file(
     ledger=None,
     budget: float | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    row_offset: int = 0,
+    row_offset: int | None = None,
     encoding: str | None = None,
     overwrite: bool = False,
     progress: bool = True,
@@ -546,7 +549,8 @@ def privatize_file(
                          prior=prior, prior_epsilon=prior_epsilon, bins=bins, delta=delta, calibration=calibration,
                          clip=clip)
     check_chunk_rows(chunk_rows)
-    check_row_offset(row_offset)
+    if row_offset is not None:  # given: this file is a shard at that offset (None: the first, 0)
+        row_offset = check_row_offset(row_offset)
     file_kind(input_path, what="input file")
     file_kind(output_path, what="output file")
     # the output and its sidecar, before anything is read or fitted (the ledger too: it is appended, never replaced)
@@ -585,7 +589,7 @@ def privatize_file(
     with run.recording():
         sidecar = release_file(input_path, output_path, label_column=label_column, params=params, secret=run.secret,
                                record=record, chunk_rows=chunk_rows, clip=clip, progress=progress,
-                               row_offset=row_offset, encoding=encoding,
+                               row_offset=row_offset or 0, encoding=encoding,
                                before_commit=lambda rows, digest: _finish(run, rows, record, digest, inline=inline),
                                **post)
     if run.line and report is not None:

@@ -913,6 +913,12 @@ def test_feature_prior_baselines_spend_autos_budget_and_release_each_label_once(
     assert spends(record, "residual-histogram") == pytest.approx(histogram_epsilons, abs=1e-15)
     assert spends(record, "release") == pytest.approx([eps2] * record["groups"], abs=1e-12)
     assert fit[0] + spends(record, "residual-histogram")[0] + eps_c + eps2 == pytest.approx(eps, abs=1e-12)
+    # the plan published with the release is the split it spent, on every branch (the calibrated one included)
+    published = record["auto"]["plan"]
+    assert published["statistics_epsilon"] == pytest.approx(fit[0], abs=1e-15)
+    assert published["residual_histogram_epsilon"] == pytest.approx(spends(record, "residual-histogram")[0], abs=1e-15)
+    assert published["release_epsilon"] == pytest.approx(eps_c + eps2, abs=1e-12)
+    assert published["mechanism_epsilon"] == pytest.approx(eps2, abs=1e-12)
     assert sum(size for _, size, _ in released) == y.size and len(released) == record["groups"]
     grid = np.linspace(LO, HI, 201)
     for params, _, out in released:

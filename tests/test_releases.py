@@ -273,6 +273,47 @@ def test_reproducing_a_release_counts_once(files, tmp_path, capsys):
     assert code == 2 and "32 to 64 hex characters" in err
 
 
+def test_an_id_this_ledger_never_recorded_needs_the_shards_row_offset(files, tmp_path, capsys):
+    """Two machines, one key file, one ledger each: the second shard given the first's release id without
+    --row-offset would draw the first shard's uniforms row for row, so the difference of the two outputs
+    would be the difference of the labels. Its ledger cannot see the first shard; the id alone is refused
+    (nothing written, no ledger created), and so is an unknown id for fit and privatize-table. With its
+    offset the shard releases, with noise of its own."""
+    d, a, _ = files
+    n = 1000
+    write_table(tmp_path / "shard_a.csv", a[:n])
+    write_table(tmp_path / "shard_b.csv", a[n:2 * n])
+    code, _, err = run(["fit", "--labels", tmp_path / "shard_a.csv", "--label-column", "y", "--range", LO, HI,
+                        "--mechanism", "laplace", "--epsilon", "1", "--key-file", d / "key", "--ledger",
+                        tmp_path / "machine1.jsonl", "--save", tmp_path / "p.json"], capsys)
+    assert code == 0, err
+    first = privatize(capsys, tmp_path / "shard_a.csv", tmp_path / "out_a.csv", d / "key", "--params",
+                      tmp_path / "p.json", "--ledger", tmp_path / "machine1.jsonl")
+    rid = sidecar(tmp_path / "out_a.csv")["release_id"]
+    machine2 = tmp_path / "machine2.jsonl"
+    shard_b = ["privatize", tmp_path / "shard_b.csv", "-o", tmp_path / "out_b.csv", "--label-column", "y",
+               "--params", tmp_path / "p.json", "--key-file", d / "key", "--ledger", machine2, "--quiet",
+               "--release-id", rid]
+    code, _, err = run(shard_b, capsys)
+    assert code == 2, err
+    assert f"release id {rid} is not in the ledger" in err and "--row-offset N" in err and "disjoint rows" in err
+    assert not (tmp_path / "out_b.csv").exists() and not machine2.exists()
+    for command in (["fit", "--labels", tmp_path / "shard_b.csv", "--mechanism", "laplace", "--epsilon", "1",
+                     "--range", LO, HI],
+                    ["privatize-table", write_table(tmp_path / "table_b.csv", a[n:2 * n], x=a[:n]), "-o",
+                     tmp_path / "t.csv", "--pipeline", "linear-prior", "--epsilon", "1", "--range", LO, HI]):
+        code, _, err = run([*command, "--label-column", "y", "--key-file", d / "key", "--ledger", machine2,
+                            "--release-id", rid], capsys)
+        assert code == 2 and f"release id {rid} is not in the ledger" in err, err
+    assert not machine2.exists() and not (tmp_path / "t.csv").exists()
+    code, _, err = run([*shard_b, "--row-offset", n], capsys)
+    assert code == 0, err
+    second = labels_of(tmp_path / "out_b.csv")
+    assert sidecar(tmp_path / "out_b.csv")["release_id"] == rid and sidecar(tmp_path / "out_b.csv")["row_offset"] == n
+    # noise of its own: the outputs' difference is the labels' difference plus the difference of two noises
+    assert np.median(np.abs((second - first) - (a[n:2 * n] - a[:n]))) > 0.5
+
+
 def test_shards_that_fit_their_own_labels_never_share_histogram_noise(files, tmp_path, capsys):
     """Two shards of one release, each fitting a private prior on its own rows: shards with the same true histogram
     still publish different ones (shared noise would cancel in their difference), and a shard given back reproduces."""

@@ -115,6 +115,11 @@ class UnsolvedLP(RuntimeError):
     """No HiGHS method solved a restricted LP (seen only at small ε, e.g. 1e-4: outputs 15,000 ranges away)."""
 
 
+class UnsolvedLPError(InputError):
+    """What :func:`solve` raises for :class:`UnsolvedLP`: one line naming ε (a pipeline may retry with a
+    flatter prior)."""
+
+
 # --------------------------------------------------------------------------- the output grid
 
 
@@ -394,7 +399,7 @@ def solve(x, p, epsilon: float, grid_size: int, extension):
         except _TooFarFromFeasible as failure:
             last = failure
         except UnsolvedLP as failure:
-            raise InputError(f"unbiased: no fit at epsilon={epsilon!r}: {failure}; at so small an epsilon its "
+            raise UnsolvedLPError(f"unbiased: no fit at epsilon={epsilon!r}: {failure}; at so small an epsilon its "
                              "outputs lie hundreds of ranges beyond the labels (give a larger epsilon, or another "
                              "mechanism)") from None
     raise RuntimeError(f"{last} at every margin tried ({', '.join(f'{m:g}' for m in margins)} below "

@@ -14,12 +14,15 @@ function of the released model and the public features) and each group gets the 
 auto's release gives a row at the group's median centre, y = clip(m + r) on the range
 (:func:`~rpwjax.pipelines.residuals.censored_priors`, or mean-matched where the plan says so,
 :func:`~rpwjax.pipelines.residuals.mean_matched_priors`), with a :data:`UNIFORM_SHARE` share of the uniform
-density so that no part of the range has zero mass (:data:`RETRY_SHARE` when the solver fails on the first).
+density so that no part of the range has zero mass (:data:`RETRY_SHARE` when the solver fails on the first, and
+the uniform density alone when it fails on that too).
 Each label is released once, by its group's parameters: ε_s + ε₁ + ε_c + ε₂ = ε (ε_c = 0 unless the fit is
 calibrated).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -27,6 +30,7 @@ from rpwjax.accounting import Accounting, parts_of, record_fields
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms import entry
+from rpwjax.mechanisms.unbiased_lp import UnsolvedLPError
 from rpwjax.pipelines.feature_aware import afforded_design, feature_aware_prior, plan
 from rpwjax.pipelines.linear_prior import check_features, linear_residual_prior, row_prior_builder
 from rpwjax.pipelines.residuals import centre_groups
@@ -61,6 +65,9 @@ def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, m
         # as on the other branches, and takes auto's prior share for the residual histogram around it
         eps_s, eps1 = rule.comparison_statistics_share * eps, rule.calibrated_prior_share * eps
         eps2 = eps - eps_s - eps1
+        # the plan recorded is the split spent here (auto's calibrated plan spends nothing on statistics)
+        p = dataclasses.replace(p, statistics_epsilon=eps_s, residual_histogram_epsilon=eps1,
+                                release_epsilon=eps - eps_s - eps1, mechanism_epsilon=eps2)
         prior = linear_residual_prior(design, bound, y, lo, hi, eps_s, eps1, s, residual_bins=rule.residual_bins,
                                       rule=rule, accounting=accounting)
     else:  # auto's own prior, its calibration step included
@@ -78,14 +85,16 @@ def feature_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, m
         width = right - left
         uniform = np.where(width > 0, width / (hi - lo), 0.0)
         keep = width > 0
-        for share in (UNIFORM_SHARE, RETRY_SHARE):
+        for share in (UNIFORM_SHARE, RETRY_SHARE, 1.0):  # 1.0: uniform on the group's bins, no histogram mass,
+            # the flattest prior there is; a failure there too is an error
             mixed = (1 - share) * mass + share * uniform / uniform.sum()
             g_prior = Prior(left[keep], right[keep], mixed[keep] / mixed[keep].sum(), lo, hi, False, "feature-aware")
             try:
                 params, _ = fit(g_prior, eps2)
                 break
-            except RuntimeError:  # the solver gave up on a very peaked prior at a tiny ε: flatten it a little
-                if share == RETRY_SHARE:
+            except (RuntimeError, UnsolvedLPError):  # the solver gave up on a very peaked prior at a tiny ε:
+                # flatten it a little
+                if share == 1.0:
                     raise
         out[rows] = release(params, s.child("release", int(g)), y[rows],
                             accounting=accounting.within("centre-groups", g))
