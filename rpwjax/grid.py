@@ -8,7 +8,7 @@ them at every label (:func:`cell_count`: more at a small ε), with at most :data
 
 **Why the count grows as ε shrinks.** A cell's realized probability is an integer count of uniforms over
 ``N``; the float64 inverse CDF and the integer rounding move each count by a few uniforms, so a log ratio
-by up to about ``4/count`` (measured up to 1.3e-7 at ``2^23``). The certificate allows
+by up to about ``4/count`` (measured up to 1.5e-7 at ``2^23``). The certificate allows
 ``min(1e-6, 1e-3·ε)`` (:func:`rpwjax.realized.tolerance`): relative to ε, not only absolute. So a pure
 mechanism's cells hold at least ``8/(1e-3·ε)`` uniforms (:data:`COUNT_PER_EPSILON`), which keeps the
 rounding under ``ε/2000``; at most :data:`MAX_CELL_COUNT`, so a pure ε below :data:`MIN_EPSILON` is refused.

@@ -266,10 +266,18 @@ def write_key_file(path) -> Path:
                          f"{str(p / 'rpwjax.key')!r})")
     if p.exists() or p.is_symlink():
         raise InputError(f"key file {str(p)!r} already exists: refusing to overwrite a secret")
-    if p.parent and not p.parent.exists():
-        raise InputError(f"directory {str(p.parent)!r} of the key file does not exist")
+    made = []  # folders created for the key (owner-only, as the key is), removed again if it cannot be written
+    for folder in reversed((p.parent, *p.parent.parents)):
+        if not folder.exists():
+            folder.mkdir(mode=0o700)  # an OSError here is an I/O error (exit 1)
+            made.append(folder)
     secret = Secret.from_entropy()
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # an OSError here is an I/O error (exit 1)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # an OSError here is an I/O error (exit 1)
+    except BaseException:
+        for folder in reversed(made):
+            folder.rmdir()
+        raise
     with os.fdopen(fd, "w", encoding="ascii") as f:
         f.write(secret.hex() + "\n")
     return p

@@ -33,7 +33,7 @@ quantities only (the parameters: ε, the range, the noise scale, the fitted
 interval) by :meth:`~rpwjax.mechanisms.base.Mechanism.release_spec`, so that
 every output cell holds at least :func:`~rpwjax.grid.cell_count` (ε) uniforms
 at every label (half that at the two ends; 2^23, more for a pure ε below about 1e-3): then integer
-rounding of the realized probabilities moves a log ratio by at most about 2^-21 (measured up to 1.3e-7)
+rounding of the realized probabilities moves a log ratio by at most about 2^-21 (measured up to 1.5e-7)
 and by under ε/2000, inside the certificate's tolerance of min(1e-6, 1e-3·ε)
 (:func:`rpwjax.realized.tolerance`).
 

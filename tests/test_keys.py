@@ -180,6 +180,28 @@ def test_keygen_that_cannot_write_names_the_file_and_the_reason(tmp_path, capsys
     assert not path.exists()
 
 
+def test_keygen_makes_missing_folders_owner_only_and_leaves_none_when_it_fails(tmp_path, capsys, monkeypatch):
+    """As fit --save, privatize -o and curves --out make their folders, keygen makes the key's (mode 0700, like
+    the key's 0600); a key that cannot be written leaves no folder behind."""
+    path = tmp_path / "out" / "keys" / "secret.key"
+    code, _, err = run(["keygen", "-o", path], capsys)
+    assert code == 0, err
+    assert len(path.read_text().strip()) == 64 and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    for folder in (tmp_path / "out", tmp_path / "out" / "keys"):
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+    real = os.open
+
+    def refused(name, *args, **kwargs):
+        if str(name).endswith("never.key"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(name))
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refused)
+    code, _, err = run(["keygen", "-o", tmp_path / "new" / "deeper" / "never.key"], capsys)
+    assert code == 1 and "cannot write the key file" in err, err
+    assert not (tmp_path / "new").exists()
+
+
 # --------------------------------------------------------------------------- reproducibility
 
 
