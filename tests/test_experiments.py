@@ -370,3 +370,15 @@ def test_plot_curves_keeps_the_earlier_plots_when_it_fails_or_is_not_asked_to_re
     with pytest.raises(InputError, match="key file"):
         plot_curves(tiny_sweep, out, csv_path=out / "results.csv", replace=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_every_reproduce_job_replaces_the_committed_files(tmp_path):
+    """`rpwjax reproduce` regenerates the committed sweeps in place (its help says it replaces its files there),
+    so every job's `curves` command line carries --overwrite: without it each job stopped at the first
+    results.csv already in plots/."""
+    from rpwjax.experiments.reproduce import JOBS
+
+    parser = cli.build_parser()
+    for job in JOBS:
+        args = parser.parse_args(job.argv(tmp_path))
+        assert args.command == "curves" and args.overwrite is True, job.name

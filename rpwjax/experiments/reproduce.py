@@ -70,7 +70,7 @@ class Job:
     args: tuple[str, ...]
 
     def argv(self, out: Path) -> list[str]:
-        return ["curves", *self.args, "--out", str(out / self.folder), "--quiet"]
+        return ["curves", *self.args, "--out", str(out / self.folder), "--quiet", "--overwrite"]  # it replaces its files
 
 
 def _jobs() -> list[Job]:

@@ -387,8 +387,8 @@ def _polish(problem: _Problem, z, u, free, status, slack: float):
 def solve(x, p, epsilon: float, grid_size: int, extension):
     """The optimal unbiased randomizer of one normalised problem: (outputs, Q, info).
 
-    The LP is solved at min(ε, MAX_LP_EPSILON) - 1e-8 (1% of ε below 1e-6); when HiGHS leaves a solution that the polish
-    cannot repair within that margin (seen on peaked priors at the cap), it is solved again with a
+    The LP is solved at min(ε, MAX_LP_EPSILON) - 1e-8 (1% of ε below 1e-6); when HiGHS leaves a solution that
+    the polish cannot repair within that margin (seen on peaked priors at the cap), it is solved again with a
     margin of 1e-6, then 1e-4, each only while it is at most 1% of that ε: a slightly smaller ε, still
     ε-DP (``info["lp_margin"]`` says which)."""
     eps_lp = min(epsilon, MAX_LP_EPSILON)
@@ -400,9 +400,9 @@ def solve(x, p, epsilon: float, grid_size: int, extension):
         except _TooFarFromFeasible as failure:
             last = failure
         except UnsolvedLP as failure:
-            raise UnsolvedLPError(f"unbiased: no fit at epsilon={epsilon!r}: {failure}; at so small an epsilon its "
-                             "outputs lie hundreds of ranges beyond the labels (give a larger epsilon, or another "
-                             "mechanism)") from None
+            raise UnsolvedLPError(f"unbiased: no fit at epsilon={epsilon!r}: {failure}; at so small an epsilon "
+                                  "its outputs lie hundreds of ranges beyond the labels (give a larger epsilon, or "
+                                  "another mechanism)") from None
     raise RuntimeError(f"{last} at every margin tried ({', '.join(f'{m:g}' for m in margins)} below "
                        f"epsilon={eps_lp!r})") from last
 
