@@ -543,7 +543,8 @@ def privatize_file(
     that would take the input's total epsilon past it) before OUTPUT and
     OUTPUT.json appear; neither replaces an existing file unless
     ``overwrite``. Returns the sidecar (OUTPUT.json). ``report``, a line
-    printer, gets warnings and the ledger's status line.
+    printer, gets warnings and the ledger's status line. A ``release_id`` the
+    ledger never recorded needs ``row_offset`` (a shard made elsewhere).
     """
     options = FitOptions(mechanism=mechanism, epsilon=epsilon, range=range, zeta=zeta, objective=objective,
                          prior=prior, prior_epsilon=prior_epsilon, bins=bins, delta=delta, calibration=calibration,
