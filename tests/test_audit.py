@@ -591,3 +591,56 @@ def test_pipeline_on_a_range_far_from_zero_releases_only_certified_parameters(tm
     assert seen
     for params, *rest in seen:
         _assert_realized_within(params, rest[0] if rest else None)
+
+
+@pytest.mark.parametrize("params", [
+    RPWithPrior(np.float64(0.5), np.float64(0.3), np.float64(0.1), np.float64(0.9), 0.0, 1.0),
+    RPWithPrior(np.float64(6.0), np.float64(0.05), np.float64(1.0), np.float64(3.0), 0.14999, 5.00001),
+    RPWithPrior(np.float64(15.0), np.float64(0.05), np.float64(1.0), np.float64(3.0), 0.14999, 5.00001),
+    Laplace(np.float64(1.0), np.float64(1.0), 0.0, 1.0),
+], ids=["rpwithprior eps 0.5", "rpwithprior eps 6", "rpwithprior eps 15", "laplace eps 1"])
+def test_thresholds_found_from_the_cdf_are_the_bisected_ones(params):
+    """The realized check finds each cell's threshold near its guess from the mechanism's exact CDF and bisects
+    the rest (what makes a certificate of many per-row parameter sets affordable at a large ε): the counts are
+    those of the plain bisection, with the CDF's guesses, with guesses that are all wrong, and with guesses
+    partly wrong; and the CDF's guesses find most thresholds (the speed-up rests on that)."""
+    from rpwjax.sampling import spec
+
+    s = spec(params)
+    value_fn, count, cells = realized.shipped_value_fn(params, s)
+    labels = realized.audit_labels(params)
+    plain = realized.realized_counts(value_fn, count, labels, cells)["counts"]
+    guess = realized.cdf_guess(params, s["grid"])
+    truth = np.concatenate([np.zeros((labels.size, 1), np.int64), np.cumsum(plain, axis=1)[:, :-1]], axis=1)
+    near = np.abs(guess(cells, labels) - truth) <= realized.GUESS_REACH
+    assert near.mean() > 0.9, near.mean()
+    rng = np.random.default_rng(5)
+    wrong = lambda c, y: rng.integers(0, count, (y.size, c.size))  # noqa: E731
+    half = lambda c, y: np.where(rng.random((y.size, c.size)) < 0.5, guess(c, y), 0)  # noqa: E731
+    for g in (guess, wrong, half):
+        np.testing.assert_array_equal(realized.realized_counts(value_fn, count, labels, cells, g)["counts"], plain)
+
+
+def test_a_linear_prior_release_at_a_large_epsilon_certifies_one_set_per_level(monkeypatch):
+    """At ε = 30 no closed-form bound certifies RPWithPrior's per-row intervals, so every distinct parameter
+    set gets the realized check: linear-prior rounds its centres to the rule's public levels (as auto does), so
+    the checks are at most levels + 1 however many rows (with 8 levels here: 9 at most for 600 rows), and the
+    release still passes them."""
+    import dataclasses as dc
+
+    from rpwjax import certify
+    from rpwjax.keys import Secret
+    from rpwjax.pipelines import linear_prior
+
+    monkeypatch.setattr(linear_prior, "DEFAULT_RULE", dc.replace(linear_prior.DEFAULT_RULE, levels=8))
+    checked = []
+    original = certify._check_set
+    monkeypatch.setattr(certify, "_check_set", lambda params, s: (checked.append(params), original(params, s))[1])
+    monkeypatch.setattr(certify, "_results", {})
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(600, 3))
+    y = np.clip(0.5 + 0.15 * x[:, 0] + 0.05 * rng.normal(size=600), 0.0, 1.0)
+    out, record = linear_prior.linear_prior_labels(x, y, 0.0, 1.0, 30.0, secret=Secret.from_seed(4))
+    assert out.shape == y.shape and np.all(np.isfinite(out))
+    assert 2 <= len(checked) <= 9, len(checked)
+    assert record["per_label_epsilon"] == 30.0

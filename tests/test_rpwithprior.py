@@ -619,3 +619,20 @@ def test_shrink_zeta_caps_zeta_at_half_the_interval(rng):
     with jax.enable_x64(True):
         for i in range(2):
             assert info["preservation"][i] == pytest.approx(float(capped[i].preservation(prior)), rel=1e-12)
+
+
+@pytest.mark.parametrize("index", [0, 5, 9])
+@pytest.mark.parametrize("label", [0.0, 0.2, 0.9, 1.0])
+def test_cdf_is_the_three_piece_cdf_and_the_sampler_its_inverse(fitted, index, label):
+    """RPWithPrior.cdf (the realized check guesses its thresholds from it) is the three-piece CDF, and the
+    sampler is its inverse: F(x(u)) = u out to the extreme uniforms (k + 1/2)·2^-52 of the release path."""
+    _, _, params, _ = fitted
+    p = params[index]
+    half = 0.5 * 2.0**-52
+    with jax.enable_x64(True):
+        t = np.linspace(float(p.a1 - p.zeta) - 0.1, float(p.a2 + p.zeta) + 0.1, 2001)
+        np.testing.assert_allclose(np.asarray(p.cdf(jnp.asarray(t), label)), three_piece_cdf(t, p, label),
+                                   rtol=0, atol=1e-12)
+        u = np.concatenate([[half, 3 * half], (np.arange(100_000) + 0.5) / 100_000, [1 - 3 * half, 1 - half]])
+        x = np.asarray(p.sample_from_uniform(jnp.asarray(u), jnp.full(u.size, label)))
+        np.testing.assert_allclose(np.asarray(p.cdf(jnp.asarray(x), label)), u, rtol=0, atol=1e-12)

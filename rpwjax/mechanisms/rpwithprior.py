@@ -150,6 +150,18 @@ class RPWithPrior(Mechanism):
                      & (high <= a2 + zeta + h / 2) & (low < high) & (p_min > 0) & (r < 1) & np.isfinite(g))
         return np.where(valid, bound, np.nan)
 
+    def cdf(self, y_tilde, y):
+        """P(Ỹ <= ỹ | y), exact: piecewise linear in ỹ (slopes e^-ε/γ, 1/γ, e^-ε/γ over the support)."""
+        y_tilde = jnp.asarray(y_tilde)
+        eps, zeta, a1, a2 = self._cast(y_tilde.dtype)
+        yc = self.projected(jnp.asarray(y, y_tilde.dtype))
+        shrink = jnp.exp(-eps)
+        t = jnp.clip(y_tilde, a1 - zeta, a2 + zeta)
+        below = shrink * jnp.maximum(jnp.minimum(t, yc - zeta) - (a1 - zeta), 0)
+        inside = jnp.clip(t - (yc - zeta), 0, 2 * zeta)
+        above = shrink * jnp.maximum(t - (yc + zeta), 0)
+        return (below + inside + above) / (2 * zeta + shrink * (a2 - a1))
+
     def log_density(self, y_tilde, y):
         y_tilde = jnp.asarray(y_tilde)
         yc = self.projected(jnp.asarray(y, y_tilde.dtype))

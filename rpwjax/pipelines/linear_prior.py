@@ -174,8 +174,9 @@ def linear_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, st
     Every label is read three times: by the sufficient statistic Xᵀy of a linear
     model (ε_s = ``stats_fraction``·ε), by a residual histogram around that
     model (ε₁ = ``prior_fraction``·ε), and by its own output (ε₂ = ε - ε_s - ε₁;
-    :func:`release_around` with ``stage2``). Sequential composition: ε per
-    label. Returns ``(labels, record)``.
+    :func:`release_around` with ``stage2``; RPWithPrior's centres rounded to
+    the rule's ``levels`` + 1 public levels, as ``auto`` rounds them).
+    Sequential composition: ε per label. Returns ``(labels, record)``.
     """
     if stage2 not in STAGE2:
         raise InputError(f"stage2 must be one of {', '.join(STAGE2)}, got stage2={stage2!r}")
@@ -192,7 +193,10 @@ def linear_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, st
     accounting = Accounting(y.size, eps)
     prior = linear_residual_prior(design, bound, y, lo, hi, eps_s, eps1, secret, residual_bins=residual_bins,
                                   accounting=accounting)
-    out, fields = release_around(prior, y, lo, hi, eps2, secret, stage2, accounting=accounting)
+    # centres on auto's public levels: one interval search and one certificate per level, not per row (at a
+    # large ε no closed-form bound certifies the per-row intervals, and each distinct one is checked on its own)
+    levels = DEFAULT_RULE.levels if stage2 == "rpwithprior" else None
+    out, fields = release_around(prior, y, lo, hi, eps2, secret, stage2, levels=levels, accounting=accounting)
     record = {"pipeline": "linear-prior", "mechanism": stage2, "components": prior.components,
               "l1_bound": prior.l1_bound, **fields, **record_fields(accounting)}
     return out, record
