@@ -17,7 +17,7 @@ import numpy as np
 
 from rpwjax.mechanisms.base import Mechanism, label_mse_grid
 from rpwjax.errors import InputError, check_choice, check_epsilon, check_integer, check_labels, check_range  # noqa: F401 (InputError re-exported)
-from rpwjax.errors import show_value
+from rpwjax.errors import check_positive, show_value
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import MECHANISMS, entry, mechanism_names  # noqa: F401 (MECHANISMS, mechanism_names re-exported)
 from rpwjax.priors import DEFAULT_BINS, Prior, empirical_prior, histogram_prior, private_histogram
@@ -199,6 +199,7 @@ def fit(
                     )
             if secret is not None and seed is not None:
                 raise InputError("give either secret or seed, not both")
+            _check_before_drawing(options)
             if secret is None:
                 secret = Secret.from_seed(seed) if seed is not None else Secret.from_entropy()
             prior_obj = private_histogram(labels, lo, hi, eps1 if eps.ndim else eps1[0], bins=bins, secret=secret,
@@ -227,6 +228,14 @@ def fit(
         info=info,
         prior_used=prior_obj if kind != "none" else None,
     )
+
+
+def _check_before_drawing(options: dict) -> None:
+    """What the fit would refuse that needs no label, refused before the histogram is drawn (a failure after a
+    draw is charged, :mod:`rpwjax.draws`): a ζ that is no positive number."""
+    zeta = options.get("zeta", "auto")
+    if not (isinstance(zeta, str) and zeta == "auto"):
+        check_positive(zeta, "zeta")
 
 
 def _prior_free_mse(params):

@@ -39,6 +39,7 @@ _deferred: list[int] = []  # a signal that arrived while the main thread was ins
 _temps: dict[str, None] = {}  # temporary outputs to remove, in order
 _dirs: dict[str, None] = {}  # directories created for them (removed if empty, innermost first)
 _state = {"label": "rpwjax", "stopping": False, "installed": False}
+_on_stop: dict[int, object] = {}  # what a stop runs first (rpwjax.release_run charges a failed run), in order
 
 
 def register(*paths, directories=()):
@@ -55,6 +56,15 @@ def unregister(*paths, directories=()):
             _temps.pop(p, None)
         for d in map(str, directories):
             _dirs.pop(d, None)
+
+
+def on_stop(hook):
+    """Run ``hook()`` when a stop ends the run, before its line (a str it returns is printed first); returns a
+    function that takes it off. A hook must not wait on a lock the stopped thread may hold: it runs on
+    whichever thread stops the run, maybe inside the main thread's work; its exceptions are ignored."""
+    with _lock:
+        _on_stop[id(hook)] = hook
+    return lambda: _on_stop.pop(id(hook), None)
 
 
 @contextlib.contextmanager
@@ -83,8 +93,15 @@ def stop(signum: int):
         for d in sorted(_dirs, key=len, reverse=True):  # innermost first
             with contextlib.suppress(OSError):
                 os.rmdir(d)
+        said = []
+        for hook in list(_on_stop.values()):
+            try:
+                said.append(hook())
+            except Exception:  # noqa: BLE001 - the run ends with its one line whatever a hook does
+                pass
         name = signal.Signals(signum).name
-        line = f"{_state['label']}: interrupted by {name}; unfinished outputs were removed\n"
+        line = "".join(f"{s}\n" for s in said if isinstance(s, str))
+        line += f"{_state['label']}: interrupted by {name}; unfinished outputs were removed\n"
         with contextlib.suppress(OSError):
             # os.write, not print: the main thread may be inside a write to sys.stderr right now; a progress bar
             # on a terminal is cleared first, so that the run ends with this one line

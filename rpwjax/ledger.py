@@ -19,6 +19,9 @@ Which file (:func:`ledger_path`): ``--ledger FILE`` if given, else
 Totals (:func:`summaries`) are per (input content, label column): the sum of
 ε and δ over distinct release ids; a release reproduced with its own id, on
 the same input, rows and settings, releases nothing new and counts once. A
+run that failed after a private draw has a line marked ``"failed": true``
+with what its draws spent (:mod:`rpwjax.release_run`); a release id counts at
+the largest ε and δ of its lines. A
 release id reused on the same input with other settings or rows, or on other
 input over rows it already covered, is refused: it would reuse randomness.
 
@@ -43,6 +46,7 @@ import hashlib
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +58,12 @@ from rpwjax.keys import canonical_json
 LEDGER_ENV = "RPWJAX_LEDGER"
 LEDGER_SUFFIX = ".ledger.jsonl"
 FORMAT_VERSION = 1
+_LOCK_TRIES = 20  # a stopping run tries the lock this often in one second (it must not wait on itself)
+
+
+class LedgerRefusal(InputError):
+    """A release the ledger refuses for what it claims (a reused release id, a ``--budget`` it would pass): a
+    function of the claim, never of the labels or of what was drawn."""
 
 
 def ledger_path(ledger=None, key_file=None) -> Path:
@@ -139,7 +149,10 @@ def _group(record) -> tuple:
 
 
 def _same_release(a: dict, b: dict) -> bool:
-    keys = ("command", "label_column", "row_offset", "settings", "key_fingerprint", "epsilon")
+    """Whether two lines are one release (the same randomness on the same labels). A failed run's line charges
+    what it drew, less than the claim: it matches its release at any ε."""
+    keys = ("command", "label_column", "row_offset", "settings", "key_fingerprint")
+    keys += () if a.get("failed") or b.get("failed") else ("epsilon",)
     return all(a[k] == b[k] for k in keys) and a["input"]["sha256"] == b["input"]["sha256"] and (
         a["rows"] is None or b["rows"] is None or a["rows"] == b["rows"])
 
@@ -258,19 +271,28 @@ def read(path) -> list[dict]:
 
 
 def summaries(records) -> list[dict]:
-    """One summary per (input content, label column): its releases and the totals under basic composition."""
+    """One summary per (input content, label column): its releases and the totals under basic composition.
+
+    The lines of one release id are one release (a reproduction releases nothing new); it counts at the
+    largest ε and δ of its lines (a failed run's line charges its draws, its rerun under that id the claim)."""
     groups: dict[tuple, dict] = {}
     for r in records:
         g = groups.setdefault(_group(r), {"input": r["input"]["name"], "input_sha256": r["input"]["sha256"],
                                           "label_column": r["label_column"], "releases": [],
                                           "epsilon_total": 0.0, "delta_total": 0.0})
-        if any(q["release_id"] == r["release_id"] for q in g["releases"]):
-            continue  # the same release reproduced: nothing new was released
-        g["releases"].append({k: r[k] for k in ("release_id", "time", "command", "epsilon", "delta", "rows",
-                                                "row_offset") if k in r}
-                             | {"name": r["input"]["name"], "mechanism": r.get("mechanism") or r.get("pipeline")})
-        g["epsilon_total"] += float(r["epsilon"])
-        g["delta_total"] += float(r["delta"])
+        entry = {k: r[k] for k in ("release_id", "time", "command", "epsilon", "delta", "rows", "row_offset")
+                 if k in r} | {"name": r["input"]["name"], "mechanism": r.get("mechanism") or r.get("pipeline"),
+                               "failed": bool(r.get("failed"))}
+        same = next((q for q in g["releases"] if q["release_id"] == r["release_id"]), None)
+        if same is None:
+            g["releases"].append(entry)
+        else:  # the release as its first line that did not fail shows it, at the largest ε and δ of its lines
+            shown = entry if same["failed"] and not entry["failed"] else dict(same)
+            same.update(shown, epsilon=max(same["epsilon"], entry["epsilon"]),
+                        delta=max(same["delta"], entry["delta"]), failed=same["failed"] and entry["failed"])
+    for g in groups.values():
+        g["epsilon_total"] = float(sum(float(q["epsilon"]) for q in g["releases"]))
+        g["delta_total"] = float(sum(float(q["delta"]) for q in g["releases"]))
     return list(groups.values())
 
 
@@ -289,23 +311,25 @@ def _check(records, record, budget) -> dict:
         if same_input or _overlap(r, record):
             what = "the same input with other settings, rows or key" if same_input else \
                 f"rows {r['row_offset']} .. {r['row_offset'] + (r['rows'] or 1) - 1} of {r['input']['name']!r}"
-            raise InputError(
+            raise LedgerRefusal(
                 f"release id {rid} was already used for {what} ({r['command']} at {r['time']}): reusing it would "
                 "release with the same randomness. Give --release-id only to reproduce that release exactly or for "
                 "another shard (other rows) of it; drop --release-id for a new release")
-    previous = [s for s in summaries(records) if (s["input_sha256"], s["label_column"]) == _group(record)]
-    before = previous[0] if previous else None
-    spent = 0.0 if reproduced else float(record["epsilon"])
-    total = (before["epsilon_total"] if before else 0.0) + spent
-    delta_total = (before["delta_total"] if before else 0.0) + (0.0 if reproduced else float(record["delta"]))
+    group = [r for r in records if _group(r) == _group(record)]
+    before = summaries(group)[0] if group else None
+    after = summaries(group + [record])[0]
+    total, delta_total = after["epsilon_total"], after["delta_total"]
+    spent = total - (before["epsilon_total"] if before else 0.0)
     if budget is not None and total > float(budget) * (1 + 1e-12):
-        raise InputError(
+        raise LedgerRefusal(
             f"--budget {float(budget):g}: this release (epsilon {spent:g}) would take input "
-            f"{_input_name(record)[6:]} to a total epsilon of {total:g} "
+            f"{input_name(record)[6:]} to a total epsilon of {total:g} "
             f"(already spent {total - spent:g} in {len(before['releases']) if before else 0} releases); nothing was "
             "written")
-    return {"previous_releases": len(before["releases"]) if before else 0, "epsilon_total": total,
-            "delta_total": delta_total, "reproduced": reproduced}
+    # a reproduction adds nothing; the rerun of a failed run under its id adds what the failed line did not charge
+    return {"previous_releases": len(before["releases"]) if before else 0, "releases": len(after["releases"]),
+            "epsilon_total": total, "delta_total": delta_total,
+            "reproduced": reproduced and spent <= 0 and delta_total <= (before["delta_total"] if before else 0.0)}
 
 
 def check_budget(budget):
@@ -324,9 +348,10 @@ def _cannot_open(path: Path, err) -> InputError:
 
 
 @contextlib.contextmanager
-def _locked(path: Path, *, create: bool = True):
+def _locked(path: Path, *, create: bool = True, wait: bool = True):
     """The ledger file opened for appending and locked (``flock``, exclusive) for the block; the fd, or None when
-    the file does not exist and not ``create`` (then nothing is created: no file, no folder)."""
+    the file does not exist and not ``create`` (then nothing is created: no file, no folder). Without ``wait``,
+    a lock held elsewhere for more than a second is an :class:`InputError`."""
     if path.is_dir():
         raise InputError(f"ledger {str(path)!r} is a directory: give a file name")
     try:
@@ -342,7 +367,14 @@ def _locked(path: Path, *, create: bool = True):
     except OSError as err:
         raise _cannot_open(path, err) from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        for _ in range(1 if wait else _LOCK_TRIES):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+                break
+            except BlockingIOError:
+                time.sleep(1.0 / _LOCK_TRIES)
+        else:
+            raise InputError(f"ledger {str(path)!r} stayed locked by another run")
         yield fd
     finally:
         os.close(fd)  # closing releases the lock
@@ -386,12 +418,12 @@ def precheck(path, record: dict, budget=None) -> dict:
         return _check([] if fd is None else read(path), record, budget)
 
 
-def commit(path, record: dict, budget=None) -> dict:
+def commit(path, record: dict, budget=None, *, wait: bool = True) -> dict:
     """Check again and append ``record``, holding the ledger's lock (concurrent runs see each other). The
-    status's ``line`` is the appended line (for :func:`retract`)."""
+    status's ``line`` is the appended line (for :func:`retract`). ``wait``: see :func:`_locked`."""
     path = Path(path)
     line = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode()
-    with _locked(path) as fd:
+    with _locked(path, wait=wait) as fd:
         status = _check(read(path), record, budget)
         os.write(fd, line)
         os.fsync(fd)
@@ -416,7 +448,7 @@ def retract(path, line: bytes):
         os.fsync(fd)
 
 
-def _input_name(record) -> str:
+def input_name(record) -> str:
     column = "" if record["label_column"] is None else f" (label {record['label_column']!r})"
     return f"input {record['input']['name']!r}{column}"
 
@@ -424,14 +456,14 @@ def _input_name(record) -> str:
 def status_line(path, record: dict, status: dict) -> str | None:
     """The line a release prints when it adds to an input already in the ledger (None otherwise)."""
     if status["reproduced"]:
-        return (f"ledger {str(path)}: release {record['release_id']} reproduced; {_input_name(record)} stays at "
+        return (f"ledger {str(path)}: release {record['release_id']} reproduced; {input_name(record)} stays at "
                 f"epsilon {status['epsilon_total']:g}")
     if not status["previous_releases"] or (not record["epsilon"] and not record["delta"]):
         return None
-    return (f"ledger {str(path)}: {_input_name(record)} has now spent "
+    return (f"ledger {str(path)}: {input_name(record)} has now spent "
             f"epsilon {status['epsilon_total']:g}"
             + (f", delta {status['delta_total']:g}" if status["delta_total"] else "")
-            + f" in {status['previous_releases'] + 1} releases (basic composition)")
+            + f" in {status['releases']} releases (basic composition)")
 
 
 def report_lines(ledger=None, key_file=None, *, as_json: bool = False) -> list[str]:
@@ -452,5 +484,6 @@ def report_lines(ledger=None, key_file=None, *, as_json: bool = False) -> list[s
                      f"epsilon {g['epsilon_total']:g}{delta} in {len(g['releases'])} releases (basic composition)")
         for r in g["releases"]:
             lines.append(f"  {r['time']}  {r['command']:<15} {r['mechanism'] or '':<12} epsilon {r['epsilon']:<8g} "
-                         f"rows {r['rows']} from {r['row_offset']}  release {r['release_id']}")
+                         f"rows {r['rows']} from {r['row_offset']}  release {r['release_id']}"
+                         + ("  (failed after private draws: charged what they spent)" if r["failed"] else ""))
     return lines

@@ -30,6 +30,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from rpwjax import draws
 from rpwjax.errors import InputError, check_epsilon
 from rpwjax.keys import Secret, bound
 
@@ -60,9 +61,11 @@ def check_noise_epsilon(epsilon, name: str = "epsilon", divisor=1, what: str = "
 class BitStream:
     """Uniform random integers from SHA-256(secret material, counter)."""
 
-    def __init__(self, secret: Secret, purpose: str, *index: int):
+    def __init__(self, secret: Secret, purpose: str, *index: int, epsilon: float):
+        """The noise stream of one private draw at ``epsilon`` (noted: :mod:`rpwjax.draws`)."""
         # an unbound secret gets a fresh release: the same key file never repeats a noise draw by accident
         self._material = bound(secret).digest(purpose, *index)
+        draws.note(b"noise/" + self._material, epsilon)
         self._counter = 0
         self._pool = 0
         self._bits = 0
@@ -133,7 +136,7 @@ def noisy_counts(counts, epsilon: float, secret: Secret, purpose: str, *index: i
     of a histogram under replace-one neighbours. Returns int64 noisy counts (may be negative)."""
     eps = float(check_noise_epsilon(epsilon, divisor=2))
     rate = Fraction(eps) / 2
-    rng = BitStream(secret, purpose, *index)
+    rng = BitStream(secret, purpose, *index, epsilon=eps)
     c = np.asarray(counts, np.int64).ravel()
     noise = np.array([discrete_laplace(rate, rng) for _ in range(c.size)], np.int64)
     return (c + noise).reshape(np.shape(counts))  # add in the flat order, then restore the shape

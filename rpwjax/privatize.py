@@ -16,21 +16,21 @@ share, so one key file and one release id give the same output through every
 entry point. The secret is never written anywhere: the sidecar gives the
 release id and says whether the secret was an experiments-only integer seed.
 
-:class:`ReleaseRun` is what the commands share: the secret bound to the
-release, the ledger record (:mod:`rpwjax.ledger`), checked before any work
-and appended just before the outputs appear.
+:class:`rpwjax.release_run.ReleaseRun` is what the commands share: the
+secret bound to the release, the ledger record (:mod:`rpwjax.ledger`),
+checked before any work and appended just before the outputs appear, or a
+charge for a run that fails after a private draw.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import warnings
 
 import numpy as np
 
-from rpwjax import certify, interrupts, ledger, noise
+from rpwjax import certify, ledger, noise
 from rpwjax.accounting import Accounting
 from rpwjax.api import (DEFAULT_PRIOR_FRACTION, MECHANISMS, FitOptions, histogram_epsilons, load_params,
                         prior_from_record, records_total)
@@ -41,30 +41,15 @@ from rpwjax.io import writers
 from rpwjax.io.atomic import atomic_outputs, check_outputs, read_json, write_json
 from rpwjax.io.csv_types import csv_column_types
 from rpwjax.io.source import MAX_CHUNK_ROWS, MAX_GLOBAL_ROWS, TableSource, file_kind, progress_bar, read_labels
-from rpwjax.keys import (Secret, canonical_json, check_release_id, check_secret, default_release_id, key_fingerprint,
-                         resolve_secret, secret_record)
+from rpwjax.keys import Secret, resolve_secret, secret_record
 from rpwjax.ledger import file_sha256, ledger_path
 from rpwjax.posterior import check_debias, debias, debias_record, posterior_mean
 from rpwjax.release_path import release, sidecar_fields
-from rpwjax.sampling import spec
+from rpwjax.release_run import ReleaseRun, bind_release
+from rpwjax.sampling import check_release_epsilon, spec
 
 DEFAULT_CHUNK_ROWS = 1 << 20
 RELEASE_PURPOSE = "release"
-
-
-def bind_release(secret: Secret, release_id=None, **identity) -> Secret:
-    """``secret`` bound to one release: ``release_id`` (default :func:`default_release_id`) and ``identity``.
-
-    A secret already bound (by a caller that made the release) is returned as
-    it is; giving it another release id is an error.
-    """
-    check_secret(secret)
-    if secret.release_id is not None:
-        if release_id is not None and check_release_id(release_id) != secret.release_id:
-            raise InputError(f"the secret is already bound to release {secret.release_id}, got release_id={release_id!r}")
-        return secret
-    rid = default_release_id(secret) if release_id is None else check_release_id(release_id)
-    return secret.for_release(rid, **identity)
 
 
 def encoding_settings(encoding) -> dict:
@@ -84,112 +69,6 @@ def release_secret(secret: Secret, release_id=None, *, label_column=None, encodi
     """
     return bind_release(secret, release_id, command="privatize", label_column=label_column,
                         settings=encoding_settings(encoding) or None).child(RELEASE_PURPOSE)
-
-
-class ReleaseRun:
-    """One release of a command: the secret bound to it, and its ledger record.
-
-    Bind first (``secret`` is what every draw of the release derives from),
-    then ``start(epsilon, delta)`` once the release's privacy cost is known
-    and before anything is written: it checks the ledger (a reused release
-    id, a ``budget`` the release would pass). ``finish(rows)`` checks again
-    and appends the record, holding the ledger's lock, just before the
-    outputs appear; it returns the fields the sidecar gets, and sets ``line``,
-    the line to print (None when the input is new to the ledger).
-    """
-
-    def __init__(self, *, secret: Secret, command: str, input_path, label_column, settings: dict,
-                 release_id=None, row_offset: int = 0, ledger_file=None, key_file=None, budget=None,
-                 what: str = "input file", identity_settings="same", row_offset_given: bool = False):
-        self.root = check_secret(secret)
-        if self.root.release_id is not None:
-            raise InputError("a command's release starts from the unbound secret (a key file or OS entropy)")
-        self.budget = ledger.check_budget(budget)
-        # the release's identity: a --params release keys on the parameters alone (release() adds their digest),
-        # as release_file and the Dask path do, so the three give the same labels for one release id
-        identity = dict(command=command, label_column=label_column,
-                        settings=settings if identity_settings == "same" else identity_settings)
-        source = ledger.input_record(input_path, what)
-        if release_id is None and self.root.reproducible:
-            # an integer seed (experiments) reproduces a run: its id follows from the seed, the input and the settings
-            release_id = self.root.digest("release-id/" + canonical_json(dict(identity, input=source["sha256"],
-                                                                               row_offset=row_offset)))[:16].hex()
-        self.secret = bind_release(self.root, release_id, **identity)
-        self.ledger = ledger.ledger_path(ledger_file, key_file)
-        if release_id is not None and not self.root.reproducible and not row_offset_given:
-            ledger.check_known_release(self.ledger, self.secret.release_id)
-        self._fields = dict(identity, settings=settings, input=source, row_offset=row_offset)
-        self.record = None
-        self.line = None
-        self._hold = None  # the ExitStack of recording(), while its block runs
-        self._appended = None  # the ledger line finish() appended, until the outputs are in place
-
-    @property
-    def release_id(self) -> str:
-        return self.secret.release_id
-
-    def fit_secret(self) -> Secret:
-        """The secret of a fit of this run's own labels (its private histogram).
-
-        Keyed by the rows the fit reads: the first shard of a release (row offset 0) fits from
-        ``secret.child("fit")``; another shard (``--row-offset``) from a key of its offset and its
-        input's SHA-256 too. So shards of one release never share histogram noise (their difference
-        would cancel it), and a reproduction, the same input at the same offset, refits with the same."""
-        offset = int(self._fields["row_offset"])
-        if offset == 0:
-            return self.secret.child("fit")
-        return self.secret.child("fit", offset, int(self._fields["input"]["sha256"][:16], 16))
-
-    @contextlib.contextmanager
-    def recording(self):
-        """The block that writes the release's outputs and calls :meth:`finish` just before they appear.
-
-        From the ledger append in :meth:`finish` to the end of the block a SIGINT or SIGTERM waits (it then
-        ends the run with the outputs and the record both in place), and an error after the append (an
-        output that cannot be renamed into place) takes the record out again (:func:`rpwjax.ledger.retract`):
-        the ledger records only releases that left the program."""
-        with contextlib.ExitStack() as stack:
-            self._hold = stack
-            try:
-                yield self
-            except BaseException:
-                if self._appended is not None:
-                    # the error that stopped the outputs is the one to report; a ledger that cannot be rewritten
-                    # keeps the line (it then counts a release that did not leave: the total stays an upper bound)
-                    with contextlib.suppress(OSError, InputError):
-                        ledger.retract(self.ledger, self._appended)
-                    self._appended = None
-                raise
-            finally:
-                self._hold = None
-
-    def start(self, epsilon: float, delta: float = 0.0, **extra) -> "ReleaseRun":
-        self.record = ledger.new_record(release_id=self.release_id, rows=None, epsilon=epsilon, delta=delta,
-                                        key_fingerprint=key_fingerprint(self.root),
-                                        reproducible_seed=self.root.reproducible, **self._fields, **extra)
-        ledger.precheck(self.ledger, self.record, self.budget)
-        return self
-
-    def finish(self, rows: int, accounting: dict | None = None, released_sha256: str | None = None) -> dict:
-        """Commit the record for ``rows``; ``accounting`` (a serialized :class:`rpwjax.accounting.Accounting`,
-        e.g. a pipeline's record) goes into it (:func:`rpwjax.ledger.account_fields`). ``released_sha256``, the
-        digest of what the release put out (:class:`rpwjax.ledger.ReleasedDigest`), lets the ledger refuse a claimed
-        reproduction that released other values."""
-        self.record.update(rows=int(rows))
-        if released_sha256 is not None:
-            self.record["released_sha256"] = str(released_sha256)
-        if accounting is not None:
-            self.record["accounting"] = ledger.account_fields(self.record, accounting)
-        if self._hold is not None:  # from the append until the outputs are in place, a signal waits
-            self._hold.enter_context(interrupts.held())
-        status = ledger.commit(self.ledger, self.record, self.budget)
-        self._appended = status["line"]
-        self.line = ledger.status_line(self.ledger, self.record, status)
-        fields = {"release_id": self.release_id, "row_offset": self.record["row_offset"], "rows": int(rows),
-                  "ledger": {"file": str(self.ledger), "epsilon_total_on_input": status["epsilon_total"],
-                             "delta_total_on_input": status["delta_total"],
-                             "releases_of_input": status["previous_releases"] + (0 if status["reproduced"] else 1)}}
-        return fields
 
 
 def randomness_record(secret: Secret, record: dict) -> dict:
@@ -311,7 +190,8 @@ def release_file(
         if start + y.size > MAX_GLOBAL_ROWS:
             raise InputError(f"row_offset (--row-offset) {row_offset} plus the rows of {str(input_path)!r} passes the "
                              f"last global row index 2^63 - 1 at {source.where(MAX_GLOBAL_ROWS - row_offset + 1)}")
-        noisy = release(params, key, y, start=start, output_spec=output_spec)
+        # its values go only to the output (rpwjax.draws: a failure after them alone is not charged)
+        noisy = release(params, key, y, start=start, output_spec=output_spec, to_output=True)
         digest.update(noisy)
         if postprocess is not None:
             noisy = np.clip(np.asarray(postprocess(noisy), dtype=np.float64), *postprocess_range)
@@ -400,30 +280,40 @@ def open_release(*, command: str, input_path, label_column, settings: dict, key_
     return ReleaseRun(secret=secret, command=command, input_path=input_path, label_column=label_column,
                       settings=settings, release_id=release_id, row_offset=row_offset or 0, ledger_file=ledger_file,
                       key_file=key_file, budget=budget, what=what, identity_settings=identity_settings,
-                      row_offset_given=row_offset is not None)
+                      row_offset_given=row_offset is not None, report=report)
 
 
-def check_fit_epsilons(options: FitOptions, *, spend_prior: bool):
+def check_fit_epsilons(options: FitOptions, *, spend_prior: bool, released: bool = False):
     """Before any work (and before the release's identity is built from them): ``--epsilon`` and
     ``--prior-epsilon`` positive and finite, and, where the fit builds a private histogram (a mechanism that
     uses a prior, or ``spend_prior``, under ``--prior private``), its ε₁ large enough for the exact noise
-    sampler (:func:`rpwjax.noise.check_noise_epsilon`: ε₁ is ``--prior-epsilon``, else 0.1·ε)."""
+    sampler (:func:`rpwjax.noise.check_noise_epsilon`: ε₁ is ``--prior-epsilon``, else 0.1·ε). A fit to be
+    ``released`` (privatize, fit --save) has its mechanism's ε₂ = ε - ε₁ certifiable
+    (:func:`rpwjax.sampling.check_release_epsilon`): refused now, not after its histogram is drawn."""
     if options.epsilon is not None:
         check_epsilon(options.epsilon)
     if options.prior_epsilon is not None:
         check_epsilon(options.prior_epsilon, "prior_epsilon")
-    if options.epsilon is None or (options.prior or "private") == "empirical":
-        return
     row = MECHANISMS.get(options.mechanism)
-    if row is None or not (row.uses_prior or spend_prior):
+    if options.epsilon is None or row is None:
         return
-    if options.prior_epsilon is not None:
+    private_prior = (options.prior or "private") != "empirical" and (row.uses_prior or spend_prior)
+    if private_prior and options.prior_epsilon is not None:
         noise.check_noise_epsilon(options.prior_epsilon, "prior_epsilon", divisor=2,
                                   what=" of the private histogram")
-    else:
+    elif private_prior:
         noise.check_noise_epsilon(options.epsilon, "epsilon", divisor=2 / DEFAULT_PRIOR_FRACTION,
                                   what=f" of the private histogram (it gets epsilon_1 = {DEFAULT_PRIOR_FRACTION:g}"
                                        "·epsilon; --prior-epsilon sets it)")
+    if released and options.range is not None:
+        eps = np.asarray(check_epsilon(options.epsilon), np.float64)
+        eps1 = (np.zeros_like(eps) if not private_prior else DEFAULT_PRIOR_FRACTION * eps
+                if options.prior_epsilon is None else np.asarray(options.prior_epsilon, np.float64))
+        # a prior epsilon that does not fit the epsilons (too large, or another count) is the fit's to refuse
+        if eps1.size in (1, eps.size) and np.all(eps > eps1):
+            lo, hi = check_range(*options.range)
+            check_release_epsilon(row.params, eps - eps1.reshape(eps1.shape if eps1.size == eps.size else ()),
+                                  f"[{lo:.17g}, {hi:.17g}]")
 
 
 def _seed_fields(secret: Secret) -> dict:
@@ -442,7 +332,7 @@ def fit_file(labels_path, options: FitOptions, *, label_column=None, encoding=No
     unless ``prior_is_public``. ``report`` prints a warning line.
     """
     options.check(spend_prior=False)
-    check_fit_epsilons(options, spend_prior=False)
+    check_fit_epsilons(options, spend_prior=False, released=bool(save))
     if options.prior == "empirical" and (save or publish) and not prior_is_public:
         output = " and ".join(flag for flag, given in (("--save", save), ("--json", publish)) if given)
         raise InputError(
@@ -460,38 +350,39 @@ def fit_file(labels_path, options: FitOptions, *, label_column=None, encoding=No
                        settings=dict(options.settings(), **encoding_settings(encoding)),
                        key_file=key_file, seed=seed, release_id=release_id, ledger_file=ledger_file, budget=budget,
                        what="labels file", report=report)
-    labels = read_labels(labels_path, label_column, encoding=encoding, check=(lo, hi, options.clip))
-    epsilon = options.epsilon
-    epsilon = epsilon[0] if not np.isscalar(epsilon) and len(epsilon) == 1 else epsilon
-    records = options.fit(labels, epsilon, run.fit_secret()).records()
-    # what leaves a fit is its private histogram(s): epsilon_1 per distinct epsilon_1 (equal ones are one draw)
-    histograms = histogram_epsilons(records)
-    run.start(sum(histograms), mechanism=options.mechanism)
-    for r in records:
-        r.update(_seed_fields(run.secret), release_id=run.release_id)
-    if len(records) > 1:
-        total = records_total(records)
+    if save and np.size(options.epsilon) != 1:
+        raise InputError(f"--save writes exactly one fit: give one --epsilon, got {np.size(options.epsilon)}")
+    with run.charged():  # a fit that fails after drawing its histogram is charged for it
+        labels = read_labels(labels_path, label_column, encoding=encoding, check=(lo, hi, options.clip))
+        epsilon = options.epsilon
+        epsilon = epsilon[0] if not np.isscalar(epsilon) and len(epsilon) == 1 else epsilon
+        records = options.fit(labels, epsilon, run.fit_secret()).records()
+        # what leaves a fit is its private histogram(s): epsilon_1 per distinct epsilon_1 (equal ones are one draw)
+        histograms = histogram_epsilons(records)
+        run.start(sum(histograms), mechanism=options.mechanism)
         for r in records:
-            r["all_records"] = total
-    if save:
-        if len(records) != 1:
-            raise InputError(f"--save writes exactly one fit: give one --epsilon, got {len(records)}")
-        # parameters privatize would refuse are not saved: the same checks privatize runs on a params file
-        problems = check_record(records[0], stop_early=True)[1]["problems"]
-        if problems:
-            raise InputError(f"--save: these parameters cannot be released: {problems[0]}")
-    account = Accounting(labels.size, run.record["epsilon"])
-    for e1 in histograms:
-        fits = ", ".join(f"{float(r['epsilon']):g}" for r in records if float(r["epsilon_prior"]) == e1)
-        account.spend("prior-histogram", e1, sensitivity="one label moves one count between two bins",
-                      mechanism=f"the histogram's exact integer noise, fit for epsilon {fits}")
-    # what the fit put out is its private histograms: their digest checks a reproduction
-    private = [r["prior"].get("masses", []) for r in records if float(r["epsilon_prior"]) > 0]
-    with run.recording():
-        run.finish(labels.size, account.to_json(),
-                   ledger.ReleasedDigest.of(np.concatenate([np.ravel(m) for m in private])) if private else None)
+            r.update(_seed_fields(run.secret), release_id=run.release_id)
+        if len(records) > 1:
+            total = records_total(records)
+            for r in records:
+                r["all_records"] = total
         if save:
-            write_json(save, records[0])
+            # parameters privatize would refuse are not saved: the same checks privatize runs on a params file
+            problems = check_record(records[0], stop_early=True)[1]["problems"]
+            if problems:
+                raise InputError(f"--save: these parameters cannot be released: {problems[0]}")
+        account = Accounting(labels.size, run.record["epsilon"])
+        for e1 in histograms:
+            fits = ", ".join(f"{float(r['epsilon']):g}" for r in records if float(r["epsilon_prior"]) == e1)
+            account.spend("prior-histogram", e1, sensitivity="one label moves one count between two bins",
+                          mechanism=f"the histogram's exact integer noise, fit for epsilon {fits}")
+        # what the fit put out is its private histograms: their digest checks a reproduction
+        private = [r["prior"].get("masses", []) for r in records if float(r["epsilon_prior"]) > 0]
+        with run.recording():
+            run.finish(labels.size, account.to_json(),
+                       ledger.ReleasedDigest.of(np.concatenate([np.ravel(m) for m in private])) if private else None)
+            if save:
+                write_json(save, records[0])
     return records, run.line
 
 
@@ -563,7 +454,7 @@ def privatize_file(
     if params:  # no fit here: only the values (fit options with --params are refused below)
         check_fit_epsilons(dataclasses.replace(options, mechanism=None), spend_prior=False)
     else:
-        check_fit_epsilons(options, spend_prior=denoise == "posterior")
+        check_fit_epsilons(options, spend_prior=denoise == "posterior", released=True)
     # post-processing is not part of a release's identity (one release may be written raw and denoised), except
     # posterior denoising of an inline fit, which makes a prior-free mechanism's fit spend epsilon_1 on a histogram
     settings = dict(options.settings(), spend_prior=denoise == "posterior" and not params,
@@ -577,22 +468,24 @@ def privatize_file(
     if denoise == "debias" and mechanism is not None:
         check_debias(mechanism)  # before any fit
     inline = not params  # the fit reads these labels (its histogram is on this release's account)
-    if params:
-        params, record, fit_prior = _params_release(params, options, run, prior_is_public)
-    else:
-        params, record, fit_prior = _inline_release(input_path, options, run, prior_is_public, denoise,
-                                                    label_column=label_column, encoding=encoding, progress=progress)
-    record, post = _postprocess(params, record, fit_prior, denoise)
-    if record.get("prior", {}).get("kind") in ("empirical", "histogram"):  # no accounted release behind the prior
-        record = dict(record, prior_is_public="asserted by the user (--prior-is-public): the guarantee holds only if "
-                                              "the prior is public")
-    # the release draws from secret.child("release"); an inline fit from run.fit_secret()
-    with run.recording():
-        sidecar = release_file(input_path, output_path, label_column=label_column, params=params, secret=run.secret,
-                               record=record, chunk_rows=chunk_rows, clip=clip, progress=progress,
-                               row_offset=row_offset or 0, encoding=encoding,
-                               before_commit=lambda rows, digest: _finish(run, rows, record, digest, inline=inline),
-                               **post)
+    with run.charged():  # a run that fails after its first private draw is charged for its draws
+        if params:
+            params, record, fit_prior = _params_release(params, options, run, prior_is_public)
+        else:
+            params, record, fit_prior = _inline_release(input_path, options, run, prior_is_public, denoise,
+                                                        label_column=label_column, encoding=encoding, progress=progress)
+        record, post = _postprocess(params, record, fit_prior, denoise)
+        if record.get("prior", {}).get("kind") in ("empirical", "histogram"):  # no accounted release behind it
+            record = dict(record, prior_is_public="asserted by the user (--prior-is-public): the guarantee holds only "
+                                                  "if the prior is public")
+        # the release draws from secret.child("release"); an inline fit from run.fit_secret()
+        with run.recording():
+            sidecar = release_file(input_path, output_path, label_column=label_column, params=params,
+                                   secret=run.secret, record=record, chunk_rows=chunk_rows, clip=clip,
+                                   progress=progress, row_offset=row_offset or 0, encoding=encoding,
+                                   before_commit=lambda rows, digest: _finish(run, rows, record, digest,
+                                                                              inline=inline),
+                                   **post)
     if run.line and report is not None:
         report(run.line)
     return sidecar

@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from rpwjax import certify
+from rpwjax import certify, draws
 from rpwjax.accounting import Accounting, account
 from rpwjax.errors import InputError, as_labels, check_labels
 from rpwjax.keys import Secret, bound
@@ -244,7 +244,8 @@ def _per_row(params: Mechanism, n: int) -> bool:
 
 
 def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpose: str = "labels",
-            output_spec: dict | None = None, clip: bool = False, accounting: Accounting | None = None) -> np.ndarray:
+            output_spec: dict | None = None, clip: bool = False, accounting: Accounting | None = None,
+            to_output: bool = False) -> np.ndarray:
     """Released values for ``labels`` at global rows ``start, start + 1, ...`` (float64).
 
     Row ``i`` always gets the same uniform for the same secret (bound to a
@@ -259,7 +260,8 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     leaves or one leaf value per row. ``output_spec`` is ``spec(params)``,
     when a caller releasing many chunks with the same parameters computed it
     once. ``accounting``, if given, gets the entry "release" over the rows it
-    was given (:func:`release_spend`), once the labels are checked.
+    was given (:func:`release_spend`), once the labels are checked. ``to_output``: the values go only to an
+    output file, no later computation reads them (noted so: :func:`rpwjax.draws.note`).
 
     Each thread keeps the host buffers of its releases (labels and stream words, 16 bytes a row, releases of
     up to 2^24 rows) for its next release (:func:`_buffer`).
@@ -278,6 +280,9 @@ def release(params: Mechanism, secret: Secret, labels, *, start: int = 0, purpos
     s = _cached_spec(params, parameters) if output_spec is None else output_spec
     # the realized check on these exact parameters (cached), or InputError: nothing released
     certify.certify(params, s, parameters)
+    if draws.active():  # a release is a private draw: a run that fails after it is charged (rpwjax.draws)
+        draws.note(secret.digest("release-draw/" + purpose + "/" + params.name + "/" + parameters),
+                   *release_cost(params), to_output=to_output)
     lo, hi = float(np.min(params.lo)), float(np.max(params.hi))
     out, inside = _release_labels(params, parameters, s, secret, y, start, purpose, per_row, (lo, hi))
     if not inside:
@@ -322,11 +327,17 @@ def _release_labels(params, parameters, s, secret, y, start, purpose, per_row, l
     return out[offset : offset + y.size], bool(inside)
 
 
-def release_spend(accounting: Accounting, params: Mechanism):
-    """Record one release of every label of ``accounting``'s rows with ``params`` (its largest ε and δ over the
-    rows: a per-row fit holds one ε, the check is on the largest)."""
+def release_cost(params: Mechanism) -> tuple[float, float]:
+    """(ε, δ) of one release with ``params``: its largest over the rows (a per-row fit holds one ε, the check is
+    on the largest)."""
     delta = 0.0 if params.pure else float(np.max(getattr(params, "delta", 0.0)))
-    return accounting.spend("release", float(np.max(params.epsilon)), delta=delta,
+    return float(np.max(params.epsilon)), delta
+
+
+def release_spend(accounting: Accounting, params: Mechanism):
+    """Record one release of every label of ``accounting``'s rows with ``params`` (:func:`release_cost`)."""
+    epsilon, delta = release_cost(params)
+    return accounting.spend("release", epsilon, delta=delta,
                             sensitivity="one label, anywhere in the public range", mechanism=params.name)
 
 

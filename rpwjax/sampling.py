@@ -81,6 +81,24 @@ def range_text(params: Mechanism) -> str:
     return f"[{float(params.lo):.17g}, {float(params.hi):.17g}]"
 
 
+def check_release_epsilon(cls: type[Mechanism], epsilon, range_: str) -> None:
+    """Refuse (:class:`InputError`) the ε of a release by ``cls`` that no float64 release can certify: a pure
+    mechanism's ratios above :data:`~rpwjax.grid.MAX_EPSILON` or its ε below :data:`~rpwjax.grid.MIN_EPSILON`.
+    A function of ε alone: a fit checks it before it draws anything (``range_``: the range, as text)."""
+    if not cls.pure:
+        return
+    eps = np.asarray(epsilon, np.float64)
+    largest, smallest = float(np.max(eps)), float(np.min(eps))
+    if not min(largest, cls.ratio_epsilon_cap) <= MAX_EPSILON:
+        raise InputError(f"{cls.name}: epsilon={largest:g} on the range {range_} cannot be certified for a float64 "
+                         f"release: epsilon above {MAX_EPSILON:.4g} = ln(2^52 / 2^23) leaves some output fewer than "
+                         "2^23 of the 2^52 uniforms next to another, too few to certify the ratio")
+    if not smallest >= MIN_EPSILON:
+        raise InputError(f"{cls.name}: epsilon={smallest:g} on the range {range_} cannot be certified for a float64 "
+                         f"release: epsilon is too small (below {MIN_EPSILON:.3g}, holding the realized ratio within "
+                         "0.1% of epsilon needs more than 2^46 of the 2^52 uniforms in every output cell)")
+
+
 def spec(params: Mechanism) -> dict:
     """The public release specification of ``params``: ``grid`` (or None) and ``low``/``high`` (arrays).
 
@@ -92,15 +110,7 @@ def spec(params: Mechanism) -> dict:
     """
     eps = float(np.max(params.epsilon))
     where = f"{params.name}: epsilon={eps:g} on the range {range_text(params)}"
-    if params.pure and not params.ratio_epsilon() <= MAX_EPSILON:
-        raise InputError(f"{where} cannot be certified for a float64 release: epsilon above {MAX_EPSILON:.4g} = "
-                         "ln(2^52 / 2^23) leaves some output fewer than 2^23 of the 2^52 uniforms next to another, "
-                         "too few to certify the ratio")
-    if params.pure and not float(np.min(params.epsilon)) >= MIN_EPSILON:
-        raise InputError(f"{params.name}: epsilon={float(np.min(params.epsilon)):g} on the range {range_text(params)} "
-                         f"cannot be certified for a float64 release: epsilon is too small (below {MIN_EPSILON:.3g}, "
-                         "holding the realized ratio within 0.1% of epsilon needs more than 2^46 of the 2^52 uniforms "
-                         "in every output cell)")
+    check_release_epsilon(type(params), params.epsilon, range_text(params))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         try:
             s = params.release_spec()

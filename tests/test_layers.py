@@ -26,7 +26,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / PACKAGE
 
 # Rooms from low to high: a room imports only from its own layer or lower ones (and never in a cycle).
 LAYERS = [
-    ["rpwjax.errors", "rpwjax.interrupts", "rpwjax.pytree", "rpwjax.stream", "rpwjax.grid"],
+    ["rpwjax.errors", "rpwjax.interrupts", "rpwjax.pytree", "rpwjax.stream", "rpwjax.grid", "rpwjax.draws"],
     ["rpwjax.accounting"],  # one release's privacy account: every statistic and release, the rows each reads
     ["rpwjax.keys", "rpwjax.io", "rpwjax.training"],
     ["rpwjax.noise", "rpwjax.ledger", "rpwjax.tables"],
@@ -38,6 +38,7 @@ LAYERS = [
     ["rpwjax.release_path"],
     ["rpwjax.api", "rpwjax.posterior"],
     ["rpwjax.audit"],
+    ["rpwjax.release_run"],  # one command's release: its secret, its ledger line, the charge of a failed run
     ["rpwjax.privatize"],
     ["rpwjax.pipelines", "rpwjax.dask"],
     ["rpwjax.experiments"],

@@ -662,3 +662,118 @@ def test_reused_host_buffers_never_leak_into_a_later_release():
     worker.join()
     np.testing.assert_array_equal(after, alone["small"])
     assert getattr(rp._local, "labels").size >= big.size  # the buffers were reused, not fresh each time
+
+
+def _no_lp(*_, **__):
+    from rpwjax.mechanisms.unbiased_lp import UnsolvedLPError
+    raise UnsolvedLPError("unbiased: no fit at epsilon=0.9 (a test's solver)")
+
+
+def _no_certificate(*_, **__):
+    raise rpwjax.InputError("rpwithprior cannot be certified for a float64 release (a test's certificate)")
+
+
+# a command whose work fails after the private draws that feed it: (argv, what fails, claimed ε, what its draws spent)
+FAILS_AFTER_DRAWS = {
+    "fit unbiased, LP after its histogram": (
+        ["fit", "--labels", "{src}", "--mechanism", "unbiased", "--epsilon", "1"],
+        ("rpwjax.mechanisms.unbiased.solve", _no_lp), 0.1),
+    "privatize rpwithprior, certificate after its histogram": (
+        ["privatize", "{src}", "-o", "{out}", "--mechanism", "rpwithprior", "--epsilon", "1", "--quiet"],
+        ("rpwjax.certify.certify", _no_certificate), 0.1),
+    "privatize-table linear-prior, certificate after its statistics": (
+        ["privatize-table", "{src}", "-o", "{out}", "--pipeline", "linear-prior", "--epsilon", "2", "--quiet"],
+        ("rpwjax.certify.certify", _no_certificate), 0.4 * 2 + 0.1 * 2),
+}
+
+
+@pytest.mark.parametrize("case", list(FAILS_AFTER_DRAWS))
+def test_a_run_that_fails_after_private_draws_is_charged_what_they_spent(files, tmp_path, capsys, monkeypatch, case):
+    """A failure after a statistic or a histogram was drawn can reflect it (its message, that it failed at all):
+    the ledger gets a line marked failed with what the draws spent, no outputs appear, and one line says so.
+    A rerun under the same release id draws the same values and counts once, at the claimed ε."""
+    d, a, _ = files
+    argv, (target, failing), spent = FAILS_AFTER_DRAWS[case]
+    src = write_table(tmp_path / "y.csv", a[:2000], x=a[2000:4000])
+    out, book = tmp_path / "o.csv", tmp_path / "book.jsonl"
+    argv = [str(v).format(src=src, out=out) for v in argv]
+    common = ["--label-column", "y", "--range", LO, HI, "--key-file", d / "key", "--ledger", book]
+    monkeypatch.setattr(target, failing)
+    code, _, err = run([*argv, *common], capsys)
+    assert code == 2 and "a test's" in err, err
+    assert f"charged epsilon {spent:g}" in err, err
+    assert not out.exists() and not out.with_name("o.csv.json").exists()
+    (line,) = ledger.read(book)
+    assert line["failed"] is True and line["rows"] is None and "accounting" not in line
+    assert line["epsilon"] == pytest.approx(spent, rel=1e-12) and line["delta"] == 0
+    (group,) = ledger.summaries(ledger.read(book))
+    assert group["epsilon_total"] == pytest.approx(spent, rel=1e-12) and group["releases"][0]["failed"]
+    # the same release again, nothing failing: the same draws, one release at the claim
+    monkeypatch.undo()
+    claim = float(argv[argv.index("--epsilon") + 1])
+    spent_claim = claim if argv[0] != "fit" else 0.1  # a fit's release is its histogram
+    code, _, err = run([*argv, *common, "--release-id", line["release_id"]], capsys)
+    assert code == 0, err
+    (group,) = ledger.summaries(ledger.read(book))
+    assert len(group["releases"]) == 1 and not group["releases"][0]["failed"]
+    assert group["epsilon_total"] == pytest.approx(spent_claim, rel=1e-12)
+
+
+def test_failures_that_cannot_reflect_a_draw_are_not_charged(files, tmp_path, capsys, monkeypatch):
+    """Nothing is charged for a failure before any draw (a label out of range: privatize-table reads every
+    label first), for a refusal of the claim alone (--budget), or for a file release whose values only went
+    to its output (a full disk while writing: the failure does not depend on them)."""
+    d, a, _ = files
+    book = tmp_path / "book.jsonl"
+    common = ["--label-column", "y", "--range", LO, HI, "--key-file", d / "key", "--ledger", book, "--quiet"]
+    bad = write_table(tmp_path / "bad.csv", np.r_[a[:500], 7.0], x=a[:501])
+    code, _, err = run(["privatize-table", bad, "-o", tmp_path / "t.csv", "--pipeline", "linear-prior",
+                        "--epsilon", "2", *common], capsys)
+    assert code == 2 and "7" in err and "charged" not in err, err
+    assert not book.exists()
+    src = write_table(tmp_path / "y.csv", a[:2000], x=a[2000:4000])
+    code, _, err = run(["fit", "--labels", src, "--mechanism", "rpwithprior", "--epsilon", "1", "--budget", "0.05",
+                        *[c for c in common if c != "--quiet"]], capsys)
+    assert code == 2 and "--budget" in err and "charged" not in err, err
+    assert not book.exists()
+    from rpwjax.io import atomic
+
+    def broken(*_):
+        raise OSError("cannot rename: no space left on device")
+
+    monkeypatch.setattr(atomic, "_commit", broken)
+    code, _, err = run(["privatize", src, "-o", tmp_path / "p.csv", "--mechanism", "laplace", "--epsilon", "1",
+                        *common], capsys)
+    assert code != 0 and "no space left" in err and "charged" not in err, err
+    assert ledger.read(book) == []  # its line was appended, then taken out again
+
+
+# the CLI in a process of its own, stopped by a signal right after its private statistics, before its release
+SIGNAL_AFTER_STATISTICS = """
+import os, signal, sys, time
+from rpwjax import cli
+from rpwjax.pipelines import linear_prior
+def release_around(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+linear_prior.release_around = release_around
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_run_stopped_after_its_private_statistics_is_charged_for_them(files, tmp_path):
+    """SIGTERM after the statistics were drawn (the progress shown so far can reflect them): the run ends at once
+    (143) with no outputs, and the ledger charges what the statistics spent, the line printed before the stop's."""
+    d, a, _ = files
+    src = write_table(tmp_path / "y.csv", a[:2000], x=a[2000:4000])
+    book = tmp_path / "book.jsonl"
+    argv = ["privatize-table", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", LO, HI,
+            "--pipeline", "linear-prior", "--epsilon", "2", "--key-file", d / "key", "--ledger", book, "--quiet"]
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_AFTER_STATISTICS, *map(str, argv)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 143, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert "charged epsilon 1" in lines[-2] and "interrupted by SIGTERM" in lines[-1], proc.stderr
+    (line,) = ledger.read(book)
+    assert line["failed"] is True and line["epsilon"] == pytest.approx(1.0, rel=1e-12)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("o.csv")]

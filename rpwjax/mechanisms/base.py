@@ -52,6 +52,7 @@ class Mechanism:
 
     name: ClassVar[str]
     pure: ClassVar[bool] = True
+    ratio_epsilon_cap: ClassVar[float] = float("inf")  # a fit above this ε builds its ratios for this ε (ratio_epsilon)
     discrete: ClassVar[bool] = False
     # fields that are positions on the label axis (they move with a translation of it; the rest are scales)
     position_fields: ClassVar[tuple] = ("lo", "hi")
@@ -149,8 +150,9 @@ class Mechanism:
 
     def ratio_epsilon(self) -> float:
         """The ε the mechanism's probability ratios are built for: ``max(epsilon)``, unless a mechanism builds its
-        ratios for a smaller ε (still ε-DP), which then decides whether a float64 release can certify them."""
-        return float(np.max(self.epsilon))
+        ratios for a smaller ε (``ratio_epsilon_cap``, still ε-DP), which then decides whether a float64 release
+        can certify them."""
+        return min(float(np.max(self.epsilon)), self.ratio_epsilon_cap)
 
     def breakpoints(self):
         return ()

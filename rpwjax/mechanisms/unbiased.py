@@ -109,6 +109,7 @@ class Unbiased(Mechanism):
 
     name = "unbiased"
     discrete = True
+    ratio_epsilon_cap = MAX_LP_EPSILON  # above it the LP is solved at it (still ε-DP): its ratios are e^min(ε, cap)
     release_by_block = True  # the inverse CDF gathers from per-row tables (Mechanism.release_by_block)
     derived_fields = ("support_low", "support_high", "cdf_low", "cdf_high", "guide_steps")
 
@@ -210,10 +211,6 @@ class Unbiased(Mechanism):
         mean, var = self._row_moments(y.dtype)
         lower, upper, w = self.interpolation(y)
         return w * (var[lower] + (mean[lower] - y) ** 2) + (1 - w) * (var[upper] + (mean[upper] - y) ** 2)
-
-    def ratio_epsilon(self) -> float:
-        """Above :data:`MAX_LP_EPSILON` the LP is solved at that ε (still ε-DP): its ratios are e^min(ε, cap)."""
-        return min(float(np.max(self.epsilon)), MAX_LP_EPSILON)
 
     def breakpoints(self):
         support = self.support

@@ -36,7 +36,7 @@ def private_mean(labels, lo, hi, epsilon, secret: Secret, *, accounting: Account
                          f"{MEAN_RESOLUTION} + 1 levels of the range",
                          mechanism=f"discrete Laplace of rate epsilon/{MEAN_RESOLUTION} on that sum")
     q = np.rint(MEAN_RESOLUTION * (y - lo) / (hi - lo)).astype(np.int64)
-    z = discrete_laplace(Fraction(eps) / MEAN_RESOLUTION, BitStream(secret, "mean"))
+    z = discrete_laplace(Fraction(eps) / MEAN_RESOLUTION, BitStream(secret, "mean", epsilon=eps))
     total = int(q.sum()) + z
     return float(np.clip(lo + (hi - lo) * total / (MEAN_RESOLUTION * y.size), lo, hi))
 
@@ -119,7 +119,7 @@ def private_linear_fit(design, labels, lo, hi, epsilon, secret: Secret, *, bound
                          mechanism=f"discrete Laplace of rate epsilon/({STATISTIC_RESOLUTION} + {d}) per sum")
     centre = 0.5 * (lo + hi)
     unit = (hi - lo) * bound / STATISTIC_RESOLUTION
-    noisy = _noisy_sums(design, y, centre, unit, eps, BitStream(secret, "statistics"))
+    noisy = _noisy_sums(design, y, centre, unit, eps, BitStream(secret, "statistics", epsilon=eps))
     d = design.shape[1]
     _, ridge = _fit_noise(d, y.size, hi - lo, bound, eps, prior_scale)
     gram = design.T @ design + ridge * np.eye(d)
@@ -325,7 +325,7 @@ def private_slope(direction, labels, lo, hi, epsilon, secret: Secret, *, centre:
                          f"(unit (hi - lo)·{kappa:g}/{STATISTIC_RESOLUTION}, weights clipped to ±{kappa:g})",
                          mechanism=f"discrete Laplace of rate epsilon/({STATISTIC_RESOLUTION} + 1)")
     unit = (hi - lo) * kappa / STATISTIC_RESOLUTION
-    total = int(_noisy_sums(w[:, None], y, centre, unit, eps, BitStream(secret, "slope"))[0])
+    total = int(_noisy_sums(w[:, None], y, centre, unit, eps, BitStream(secret, "slope", epsilon=eps))[0])
     return float(total * unit / float(w @ a))
 
 

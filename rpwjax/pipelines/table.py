@@ -242,7 +242,8 @@ def privatize_table_file(input_path, output_path, *, label_column: str, range, e
                        settings=settings, key_file=key_file, seed=seed, release_id=release_id, ledger_file=ledger,
                        budget=budget, report=warn)
     run.start(float(epsilon), pipeline=pipeline)  # a pipeline's delta, if any, is set from its accounting
-    with run.recording():  # the ledger records the release only once its outputs are in place
+    # the ledger records the release once its outputs are in place, or charges a run that fails after a draw
+    with run.charged(), run.recording():
         sidecar = privatize_table(input_path, output_path, label_column=label_column, lo=range[0], hi=range[1],
                                   epsilon=epsilon, pipeline=pipeline, secret=run.secret, clip=clip, encoding=encoding,
                                   epochs=epochs, before_commit=run.finish, features=features, exclude=exclude,

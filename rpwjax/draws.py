@@ -1,0 +1,77 @@
+"""Which private draws a run has made: what a run that fails afterwards has spent.
+
+Every private draw of the package passes one of two places: a noise stream
+(:class:`rpwjax.noise.BitStream`, behind every private statistic and
+histogram) and a label release (:func:`rpwjax.release_path.release`). Each
+notes itself here (:func:`note`) with its ε and δ and the identity of its
+randomness. A command's :class:`rpwjax.release_run.ReleaseRun` collects the
+notes while its work runs (:func:`collecting`); when the work fails after a
+draw that later computation reads (:func:`read_later`: a statistic, or a
+release a pipeline goes on from), its error, its message and the progress
+shown so far can depend on what was drawn, so the run is charged what its
+draws spent (:func:`spent`) instead of nothing. A file release's own values
+go only to the output: a failure after them alone (a bad row further on, a
+full disk) is not charged, as nothing it shows depends on them.
+
+A draw is noted under the identity of its randomness: drawing it again with
+the same key (a histogram shared by several ε of one fit, a file released in
+chunks) is the same draw and counts once. The collectors are process-wide,
+not per thread, so that a draw made on another thread is not missed: with
+two runs in one process at once, each is charged the other's draws too (an
+overcharge, never an undercharge).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+
+_lock = threading.Lock()
+_collectors: dict[int, dict] = {}  # id of a collecting block -> {identity: (epsilon, delta)}
+
+
+@contextlib.contextmanager
+def collecting():
+    """A block whose draws are collected: yields the dict of ``identity -> (ε, δ, to_output)`` they fill."""
+    draws: dict = {}
+    with _lock:
+        _collectors[id(draws)] = draws
+    try:
+        yield draws
+    finally:
+        with _lock:
+            _collectors.pop(id(draws), None)
+
+
+def active() -> bool:
+    """Whether some block collects draws (a caller may skip building an identity otherwise)."""
+    return bool(_collectors)
+
+
+def note(identity: bytes, epsilon: float, delta: float = 0.0, *, to_output: bool = False) -> None:
+    """Note one private draw: ``identity`` names its randomness, (``epsilon``, ``delta``) its cost.
+    ``to_output``: its values go only to an output file (a file release), nothing computed later reads them."""
+    epsilon, delta = float(epsilon), float(delta)
+    if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= delta <= 1):
+        raise ValueError(f"a draw costs a finite epsilon >= 0 and a delta in [0, 1], got {epsilon!r}, {delta!r}")
+    with _lock:
+        for draws in _collectors.values():
+            draws.setdefault(bytes(identity), (epsilon, delta, bool(to_output)))
+
+
+def read_later(draws: dict) -> bool:
+    """Whether some draw feeds later computation (a statistic, a release a pipeline goes on from): only then can
+    a failure reflect what was drawn. A file release's values go to the output alone; a failure after them
+    (a bad row further on, a full disk) does not depend on them."""
+    return any(not to_output for _, _, to_output in draws.values())
+
+
+def spent(draws: dict, claim: float | None = None) -> tuple[float, float]:
+    """What ``draws`` cost under basic composition, each read by every label: the sums of their ε and δ, the
+    ε capped at ``claim`` (the run's claimed ε, which its draws never pass; draws over disjoint rows compose
+    in parallel, so the sum alone can exceed it). δ is not capped: a run's claimed δ may be set only later."""
+    eps = sum(e for e, _, _ in draws.values())
+    if claim is not None:
+        eps = min(eps, float(claim))
+    return eps, min(1.0, sum(d for _, d, _ in draws.values()))
