@@ -18,7 +18,9 @@ the same key (a histogram shared by several ε of one fit, a file released in
 chunks) is the same draw and counts once. The collectors are process-wide,
 not per thread, so that a draw made on another thread is not missed: with
 two runs in one process at once, each is charged the other's draws too (an
-overcharge, never an undercharge).
+overcharge, never an undercharge). A stop (:mod:`rpwjax.interrupts`) may read
+the notes from a signal handler on the very thread that is noting one, so
+reading takes no lock, only a copy of the notes made in one step.
 """
 
 from __future__ import annotations
@@ -64,14 +66,15 @@ def read_later(draws: dict) -> bool:
     """Whether some draw feeds later computation (a statistic, a release a pipeline goes on from): only then can
     a failure reflect what was drawn. A file release's values go to the output alone; a failure after them
     (a bad row further on, a full disk) does not depend on them."""
-    return any(not to_output for _, _, to_output in draws.values())
+    return any(not to_output for _, _, to_output in tuple(draws.values()))
 
 
 def spent(draws: dict, claim: float | None = None) -> tuple[float, float]:
     """What ``draws`` cost under basic composition, each read by every label: the sums of their ε and δ, the
     ε capped at ``claim`` (the run's claimed ε, which its draws never pass; draws over disjoint rows compose
     in parallel, so the sum alone can exceed it). δ is not capped: a run's claimed δ may be set only later."""
-    eps = sum(e for e, _, _ in draws.values())
+    made = tuple(draws.values())  # one step under the GIL: a stop on another thread may read while draws arrive
+    eps = sum(e for e, _, _ in made)
     if claim is not None:
         eps = min(eps, float(claim))
-    return eps, min(1.0, sum(d for _, d, _ in draws.values()))
+    return eps, min(1.0, sum(d for _, d, _ in made))
