@@ -52,7 +52,9 @@ class Mechanism:
 
     name: ClassVar[str]
     pure: ClassVar[bool] = True
-    ratio_epsilon_cap: ClassVar[float] = float("inf")  # a fit above this ε builds its ratios for this ε (ratio_epsilon)
+    # a fit above this ε builds its probability ratios for this ε (still ε-DP): min(ε, cap) decides whether a
+    # float64 release can certify them (rpwjax.sampling.check_release_epsilon)
+    ratio_epsilon_cap: ClassVar[float] = float("inf")
     discrete: ClassVar[bool] = False
     # fields that are positions on the label axis (they move with a translation of it; the rest are scales)
     position_fields: ClassVar[tuple] = ("lo", "hi")
@@ -147,12 +149,6 @@ class Mechanism:
 
     def mse(self, y):  # pragma: no cover - interface
         raise NotImplementedError
-
-    def ratio_epsilon(self) -> float:
-        """The ε the mechanism's probability ratios are built for: ``max(epsilon)``, unless a mechanism builds its
-        ratios for a smaller ε (``ratio_epsilon_cap``, still ε-DP), which then decides whether a float64 release
-        can certify them."""
-        return min(float(np.max(self.epsilon)), self.ratio_epsilon_cap)
 
     def breakpoints(self):
         return ()
