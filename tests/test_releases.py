@@ -721,8 +721,9 @@ def test_a_run_that_fails_after_private_draws_is_charged_what_they_spent(files, 
 
 def test_failures_that_cannot_reflect_a_draw_are_not_charged(files, tmp_path, capsys, monkeypatch):
     """Nothing is charged for a failure before any draw (a label out of range: privatize-table reads every
-    label first), for a refusal of the claim alone (--budget), or for a file release whose values only went
-    to its output (a full disk while writing: the failure does not depend on them)."""
+    label first; a pipeline's release at an ε no float64 release can certify), for a refusal of the claim
+    alone (--budget), or for a file release whose values only went to its output (a full disk while writing:
+    the failure does not depend on them)."""
     d, a, _ = files
     book = tmp_path / "book.jsonl"
     common = ["--label-column", "y", "--range", LO, HI, "--key-file", d / "key", "--ledger", book, "--quiet"]
@@ -732,6 +733,11 @@ def test_failures_that_cannot_reflect_a_draw_are_not_charged(files, tmp_path, ca
     assert code == 2 and "7" in err and "charged" not in err, err
     assert not book.exists()
     src = write_table(tmp_path / "y.csv", a[:2000], x=a[2000:4000])
+    # a pipeline whose release no float64 release can certify at this ε (stage 1 would get 0.9·30 = 27)
+    code, _, err = run(["privatize-table", src, "-o", tmp_path / "t.csv", "--pipeline", "two-stage-rpwithprior",
+                        "--epsilon", "30", *common], capsys)
+    assert code == 2 and "epsilon=27" in err and "cannot be certified" in err and "charged" not in err, err
+    assert not book.exists()
     code, _, err = run(["fit", "--labels", src, "--mechanism", "rpwithprior", "--epsilon", "1", "--budget", "0.05",
                         *[c for c in common if c != "--quiet"]], capsys)
     assert code == 2 and "--budget" in err and "charged" not in err, err

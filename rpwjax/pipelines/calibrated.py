@@ -15,7 +15,8 @@ import numpy as np
 from rpwjax.accounting import Accounting, record_fields
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
-from rpwjax.mechanisms.rpwithprior import fit_rpwithprior
+from rpwjax.mechanisms.rpwithprior import RPWithPrior, fit_rpwithprior
+from rpwjax.sampling import check_release_epsilon
 from rpwjax.pipelines.statistics import private_mean
 from rpwjax.posterior import posterior_mean
 from rpwjax.priors import DEFAULT_BINS, Prior, private_histogram
@@ -81,6 +82,8 @@ def calibrated_denoised(labels, lo, hi, epsilon, *, secret: Secret, prior_fracti
     y = check_labels(labels, lo, hi)
     secret = check_secret(secret).for_epsilon(eps)
     eps1 = prior_fraction * eps
+    # a release at an ε no float64 release can certify is refused now, before the prior is drawn
+    check_release_epsilon(RPWithPrior, eps - eps1, f"[{lo:.17g}, {hi:.17g}]")
     accounting = Accounting(y.size, eps) if accounting is None else accounting
     prior = calibrated_prior(y, lo, hi, eps1, bins=bins, secret=secret.child("prior"), accounting=accounting)
     params, _ = fit_rpwithprior(prior, eps - eps1, zeta="auto")

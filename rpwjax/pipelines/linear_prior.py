@@ -20,7 +20,7 @@ import numpy as np
 from rpwjax.accounting import Accounting, record_fields
 from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
-from rpwjax.mechanisms.rpwithprior import choose_zeta, fit_rpwithprior_per_row
+from rpwjax.mechanisms.rpwithprior import RPWithPrior, choose_zeta, fit_rpwithprior_per_row
 from rpwjax.pipelines.residuals import (censored_priors, mean_matched_priors, residual_histogram, shifted_priors,
                                        unbiased_residual_fit, unbiased_residual_release)
 from rpwjax.pipelines.rule import DEFAULT_RULE, AutoRule
@@ -28,6 +28,7 @@ from rpwjax.pipelines.statistics import private_linear_fit, public_design
 from rpwjax.posterior import posterior_mean_per_row
 from rpwjax.priors import DEFAULT_BINS, histogram_prior
 from rpwjax.release_path import release, sidecar_fields
+from rpwjax.sampling import check_release_epsilon
 
 STAGE2 = ("rpwithprior", "unbiased")
 LEVEL_ROW_BLOCK = 1 << 13  # rows whose priors are gathered at once (a multiple of the posterior's row chunk)
@@ -189,6 +190,8 @@ def linear_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, st
     secret = check_secret(secret).for_epsilon(eps)
     eps_s, eps1 = stats_fraction * eps, prior_fraction * eps
     eps2 = eps - eps_s - eps1
+    if stage2 == "rpwithprior":  # a release at an ε no float64 release can certify: refused before any draw
+        check_release_epsilon(RPWithPrior, eps2, f"[{lo:.17g}, {hi:.17g}]")
     design, bound = public_design(x, components)
     accounting = Accounting(y.size, eps)
     prior = linear_residual_prior(design, bound, y, lo, hi, eps_s, eps1, secret, residual_bins=residual_bins,

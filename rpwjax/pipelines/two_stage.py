@@ -57,6 +57,7 @@ from rpwjax.errors import InputError, check_epsilon, check_integer, check_labels
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import entry
 from rpwjax.mechanisms.rpwithprior import choose_zeta, fit_rpwithprior_per_row
+from rpwjax.sampling import check_release_epsilon
 from rpwjax.pipelines.residuals import (residual_histogram, shifted_priors, unbiased_residual_fit,
                                        unbiased_residual_release)
 from rpwjax.posterior import posterior_mean, posterior_mean_per_row
@@ -135,6 +136,10 @@ class TwoStageRun:
         self._secret = secret.for_epsilon(self.epsilon)
         self.eps1 = config.prior_fraction * self.epsilon
         self.eps2 = self.epsilon - self.eps1
+        # each stage's release at an ε no float64 release can certify is refused now, before any draw
+        stage1_eps = self.eps2 if entry(config.stage1).uses_prior else self.epsilon
+        for stage, eps in ((config.stage1, stage1_eps), (config.stage2, self.eps2)):
+            check_release_epsilon(entry(stage).params, eps, f"[{self.lo:.17g}, {self.hi:.17g}]")
         self._stage1()
 
     # stage 1 ----------------------------------------------------------------
