@@ -58,12 +58,7 @@ from rpwjax.keys import canonical_json
 LEDGER_ENV = "RPWJAX_LEDGER"
 LEDGER_SUFFIX = ".ledger.jsonl"
 FORMAT_VERSION = 1
-_LOCK_TRIES = 20  # a stopping run tries the lock this often in one second (it must not wait on itself)
-
-
-class LedgerRefusal(InputError):
-    """A release the ledger refuses for what it claims (a reused release id, a ``--budget`` it would pass): a
-    function of the claim, never of the labels or of what was drawn."""
+_LOCK_TRIES = 20  # a lock that is not waited for is tried this often a second (a stopping run must not wait on itself)
 
 
 def ledger_path(ledger=None, key_file=None) -> Path:
@@ -228,6 +223,8 @@ def _record_problem(record: dict) -> str | None:
         return f"row_offset must be an integer >= 0, got row_offset={offset!r}"
     if not (rows is None or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0)):
         return f"rows must be an integer >= 0, got rows={rows!r}"
+    if not isinstance(record.get("failed", False), bool):
+        return f"failed must be true or false, got failed={record.get('failed')!r}"
     return None
 
 
@@ -311,7 +308,7 @@ def _check(records, record, budget) -> dict:
         if same_input or _overlap(r, record):
             what = "the same input with other settings, rows or key" if same_input else \
                 f"rows {r['row_offset']} .. {r['row_offset'] + (r['rows'] or 1) - 1} of {r['input']['name']!r}"
-            raise LedgerRefusal(
+            raise InputError(
                 f"release id {rid} was already used for {what} ({r['command']} at {r['time']}): reusing it would "
                 "release with the same randomness. Give --release-id only to reproduce that release exactly or for "
                 "another shard (other rows) of it; drop --release-id for a new release")
@@ -321,7 +318,7 @@ def _check(records, record, budget) -> dict:
     total, delta_total = after["epsilon_total"], after["delta_total"]
     spent = total - (before["epsilon_total"] if before else 0.0)
     if budget is not None and total > float(budget) * (1 + 1e-12):
-        raise LedgerRefusal(
+        raise InputError(
             f"--budget {float(budget):g}: this release (epsilon {spent:g}) would take input "
             f"{input_name(record)[6:]} to a total epsilon of {total:g} "
             f"(already spent {total - spent:g} in {len(before['releases']) if before else 0} releases); nothing was "
@@ -348,10 +345,10 @@ def _cannot_open(path: Path, err) -> InputError:
 
 
 @contextlib.contextmanager
-def _locked(path: Path, *, create: bool = True, wait: bool = True):
+def _locked(path: Path, *, create: bool = True, wait: bool = True, patience: float = 1.0):
     """The ledger file opened for appending and locked (``flock``, exclusive) for the block; the fd, or None when
     the file does not exist and not ``create`` (then nothing is created: no file, no folder). Without ``wait``,
-    a lock held elsewhere for more than a second is an :class:`InputError`."""
+    a lock held elsewhere for more than ``patience`` seconds is an :class:`InputError`."""
     if path.is_dir():
         raise InputError(f"ledger {str(path)!r} is a directory: give a file name")
     try:
@@ -367,14 +364,16 @@ def _locked(path: Path, *, create: bool = True, wait: bool = True):
     except OSError as err:
         raise _cannot_open(path, err) from None
     try:
-        for _ in range(1 if wait else _LOCK_TRIES):
+        tries = 1 if wait else max(1, int(patience * _LOCK_TRIES))
+        for _ in range(tries):
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
                 break
             except BlockingIOError:
                 time.sleep(1.0 / _LOCK_TRIES)
         else:
-            raise InputError(f"ledger {str(path)!r} stayed locked by another run")
+            raise InputError(f"ledger {str(path)!r} stayed locked (by another run, or by this one when it was "
+                             f"stopped) for {patience:g} s")
         yield fd
     finally:
         os.close(fd)  # closing releases the lock
@@ -418,12 +417,12 @@ def precheck(path, record: dict, budget=None) -> dict:
         return _check([] if fd is None else read(path), record, budget)
 
 
-def commit(path, record: dict, budget=None, *, wait: bool = True) -> dict:
+def commit(path, record: dict, budget=None, *, wait: bool = True, patience: float = 1.0) -> dict:
     """Check again and append ``record``, holding the ledger's lock (concurrent runs see each other). The
-    status's ``line`` is the appended line (for :func:`retract`). ``wait``: see :func:`_locked`."""
+    status's ``line`` is the appended line (for :func:`retract`). ``wait``, ``patience``: see :func:`_locked`."""
     path = Path(path)
     line = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode()
-    with _locked(path, wait=wait) as fd:
+    with _locked(path, wait=wait, patience=patience) as fd:
         status = _check(read(path), record, budget)
         os.write(fd, line)
         os.fsync(fd)

@@ -316,6 +316,25 @@ def check_fit_epsilons(options: FitOptions, *, spend_prior: bool, released: bool
                                   f"[{lo:.17g}, {hi:.17g}]")
 
 
+def planned_histograms(options: FitOptions) -> list[float]:
+    """The distinct ε₁ of the private histograms ``options.fit`` will draw (:func:`rpwjax.api.histogram_epsilons`
+    of its records), from the options alone: ``--prior-epsilon``, else 0.1·ε, for each ε of a mechanism that
+    uses a prior under ``--prior private``; none otherwise."""
+    row = MECHANISMS[options.mechanism]
+    if (options.prior or "private") == "empirical" or not row.uses_prior:
+        return []
+    eps = np.atleast_1d(check_epsilon(options.epsilon))
+    if options.prior_epsilon is None:
+        eps1 = DEFAULT_PRIOR_FRACTION * eps
+    else:
+        e1 = check_epsilon(options.prior_epsilon, "prior_epsilon")
+        if e1.ndim and e1.shape != eps.shape:  # the fit's own refusal, before anything is drawn
+            raise InputError(f"prior_epsilon needs one value or one per epsilon: {e1.size} values for {eps.size} "
+                             "epsilons")
+        eps1 = np.broadcast_to(e1, eps.shape).astype(np.float64)
+    return list(dict.fromkeys(float(e) for e in eps1 if float(e) > 0))
+
+
 def _seed_fields(secret: Secret) -> dict:
     return {"reproducible_seed": True, "seed_note": "integer seed: not for production"} if secret.reproducible else {}
 
@@ -352,14 +371,18 @@ def fit_file(labels_path, options: FitOptions, *, label_column=None, encoding=No
                        what="labels file", report=report)
     if save and np.size(options.epsilon) != 1:
         raise InputError(f"--save writes exactly one fit: give one --epsilon, got {np.size(options.epsilon)}")
+    # what leaves a fit is its private histogram(s): epsilon_1 per distinct epsilon_1 (equal ones are one draw);
+    # the ledger checks that claim (a reused id, --budget) before the histograms are drawn
+    planned = planned_histograms(options)
+    run.start(sum(planned), mechanism=options.mechanism)
     with run.charged():  # a fit that fails after drawing its histogram is charged for it
         labels = read_labels(labels_path, label_column, encoding=encoding, check=(lo, hi, options.clip))
         epsilon = options.epsilon
         epsilon = epsilon[0] if not np.isscalar(epsilon) and len(epsilon) == 1 else epsilon
         records = options.fit(labels, epsilon, run.fit_secret()).records()
-        # what leaves a fit is its private histogram(s): epsilon_1 per distinct epsilon_1 (equal ones are one draw)
         histograms = histogram_epsilons(records)
-        run.start(sum(histograms), mechanism=options.mechanism)
+        if histograms != planned:  # pragma: no cover - the plan follows the fit's own arithmetic
+            raise RuntimeError(f"internal error: the fit drew histograms at epsilon_1 {histograms}, planned {planned}")
         for r in records:
             r.update(_seed_fields(run.secret), release_id=run.release_id)
         if len(records) > 1:

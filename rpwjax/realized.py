@@ -240,7 +240,10 @@ def _guessed_thresholds(fn, count: int, args, cells: np.ndarray, labels: np.ndar
     """The thresholds of :func:`_thresholds` from a guess of each (labels × cells, e.g. from the mechanism's
     exact CDF): found near the guess where a few evaluations can (:func:`_confirmed`), the rest bisected one
     pair at a time (:func:`_bisected`). Exact as the bisection is: each threshold is the first k with
-    fn(k) >= cell, given that fn is non-decreasing in k (checked on random draws, as for the bisection)."""
+    fn(k) >= cell, given that fn is non-decreasing in k (checked on random draws, as for the bisection), as
+    fn computes in the graph that evaluates it. XLA need not round alike in every compiled graph: at a tiny ζ
+    (1e-6) one uniform in a cell was seen to land in the next cell in one graph and not in the other, moving
+    the realized ratio by about 2e-13, far inside the certificate's tolerance."""
     n_labels, n_cells = guess.shape
     wide = _padded_cells(cells)
     pad_rows = -n_labels % LABEL_BATCH

@@ -35,6 +35,9 @@ def bind_release(secret: Secret, release_id=None, **identity) -> Secret:
 
 
 
+CHARGE_PATIENCE = 10.0  # seconds a failed run waits for a ledger another run holds, signals waiting meanwhile
+
+
 class ReleaseRun:
     """One release of a command: the secret bound to it, and its ledger record.
 
@@ -74,6 +77,8 @@ class ReleaseRun:
         self._hold = None  # the ExitStack of recording(), while its block runs
         self._appended = None  # the ledger line finish() appended, until the outputs are in place
         self._charged = False  # a failed run's line is appended (charged())
+        self._charge_line = None  # ... and the line that says so,
+        self._said = False  # ... printed
 
     @property
     def release_id(self) -> str:
@@ -122,17 +127,18 @@ class ReleaseRun:
         (:func:`rpwjax.draws.read_later`), with no line of its own left in the ledger, is charged: a line marked
         ``"failed": true`` with the ε and δ its draws spent (:func:`rpwjax.draws.spent`, the ε at most what
         :meth:`start` claimed) and no rows, and one line says so. Its rerun under the same release id (the
-        same draws) counts once, at the larger ε. No budget refuses the line: the draws were made. A refusal
-        for the claim alone (:class:`rpwjax.ledger.LedgerRefusal`) is not charged."""
+        same draws) counts once, at the larger ε. No budget refuses the line: the draws were made (a
+        ``--budget`` refusal comes before any draw, from :meth:`start`; one at the final append, after a
+        concurrent run, is charged like any failure). A run killed outright (SIGKILL, the kernel's OOM
+        killer, a crash) leaves no line: nothing runs after it."""
         with draws.collecting() as made:
             take_off = interrupts.on_stop(lambda: self._charge_failure(made, stopping=True))
             try:
                 yield self
-            except ledger.LedgerRefusal:  # refused for its claim alone: nothing drawn left the program
-                raise
             except BaseException:
                 line = self._charge_failure(made)
                 if line:
+                    self._said = True
                     self._say(line)
                 raise
             finally:
@@ -146,10 +152,12 @@ class ReleaseRun:
 
     def _charge_failure(self, made: dict, stopping: bool = False) -> str | None:
         """Append the failed run's line (see :meth:`charged`); the line to print, or None when nothing is charged.
-        A stopping run (``stopping``) does not wait on the ledger's lock, which its own thread may hold."""
-        if not draws.read_later(made) or self._appended is not None or self._charged:
+        A stopping run (``stopping``) does not wait on the ledger's lock, which its own thread may hold; a stop
+        that comes while the line is written waits for it, and then prints the line that says so."""
+        if self._charged:
+            return None if self._said else self._charge_line
+        if not draws.read_later(made) or self._appended is not None:
             return None
-        self._charged = True
         claim = None if self.record is None else self.record["epsilon"]
         epsilon, delta = draws.spent(made, claim)
         base = self.record or ledger.new_record(release_id=self.release_id, rows=None, epsilon=0.0, delta=0.0,
@@ -158,15 +166,25 @@ class ReleaseRun:
         record = dict(base, rows=None, epsilon=epsilon, delta=delta, failed=True)
         record.pop("accounting", None)
         record.pop("released_sha256", None)
-        try:
-            status = ledger.commit(self.ledger, record, wait=not stopping)
-        except (OSError, InputError) as err:
-            return (f"warning: ledger {str(self.ledger)}: this run failed after drawing private values (epsilon "
-                    f"{epsilon:g}) and could not be charged ({err}); add it to the input's total yourself")
-        return (f"ledger {str(self.ledger)}: this run failed after drawing private values, which its failure can "
+        def append():
+            status = ledger.commit(self.ledger, record, wait=False, patience=1.0 if stopping else CHARGE_PATIENCE)
+            self._charged = True
+            self._charge_line = (
+                f"ledger {str(self.ledger)}: this run failed after drawing private values, which its failure can "
                 f"reflect: charged epsilon {epsilon:g}" + (f", delta {delta:g}" if delta else "")
                 + f" (release {self.release_id}); {ledger.input_name(record)} has now spent epsilon "
                 f"{status['epsilon_total']:g} in {status['releases']} releases (basic composition)")
+
+        try:
+            if stopping:  # on the stopping thread, maybe inside the main thread's own ledger lock: a second at most
+                append()
+            else:  # a signal meanwhile waits until the line is in (interrupts.held), then stops the run
+                with interrupts.held():
+                    append()
+        except (OSError, InputError) as err:
+            return (f"warning: ledger {str(self.ledger)}: this run failed after drawing private values (epsilon "
+                    f"{epsilon:g}) and could not be charged ({err}); add it to the input's total yourself")
+        return self._charge_line
 
     def start(self, epsilon: float, delta: float = 0.0, **extra) -> "ReleaseRun":
         self.record = ledger.new_record(release_id=self.release_id, rows=None, epsilon=epsilon, delta=delta,

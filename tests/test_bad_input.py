@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import rpwjax
-from rpwjax import cli
+from rpwjax import cli, ledger
 from rpwjax.errors import InputError
 from rpwjax.pipelines import PIPELINES
 from helpers import fixed_key, run, slow_unless
@@ -1065,15 +1065,24 @@ def start(argv, cwd):
                             stderr=subprocess.PIPE, text=True)
 
 
-def assert_stopped(proc, sig, command):
-    """Send ``sig``: the run ends with its exit code (a segmentation fault would be -11) and one line."""
+def assert_stopped(proc, sig, command, ledger_file=None):
+    """Send ``sig``: the run ends with its exit code (a segmentation fault would be -11) and one line. With
+    ``ledger_file``, a run stopped after its private histogram was drawn is charged for it: then a line before
+    says so, and the ledger holds that one failed line (returned: True when charged)."""
     if proc.poll() is not None:
         raise AssertionError(f"the run ended (exit {proc.returncode}) before it could be interrupted: "
                              f"{proc.communicate()[1]!r}")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == {signal.SIGINT: 130, signal.SIGTERM: 143}[sig], err
+    charged = ledger_file is not None and ledger_file.exists()
+    if charged:
+        (line,) = ledger.read(ledger_file)
+        assert line["failed"] is True and line["rows"] is None and line["epsilon"] > 0, line
+        first, err = err.split("\n", 1)
+        assert first.startswith(f"ledger {ledger_file.name}: this run failed after drawing private values"), first
     assert err == f"{command}: interrupted by {signal.Signals(sig).name}; unfinished outputs were removed\n", err
+    return charged
 
 
 @pytest.mark.parametrize("sig, seconds", slow_unless(
@@ -1121,15 +1130,16 @@ def test_a_signal_during_an_inline_fit_stops_the_run(million, tmp_path, moment, 
     # once, in the fit (XLA compiling and running): "unfinished outputs were removed", then a segmentation fault
     # (exit 139) as the interpreter shut down around XLA's threads
     proc = start(["privatize", million, "-o", "out/o.csv", "--label-column", "y", *INLINE, "--quiet", "--ledger",
-                  "ledger.jsonl"], tmp_path)  # the ledger was checked before the read pass: it must not appear
+                  "ledger.jsonl"], tmp_path)  # the ledger was checked before the read pass
     reading = lambda: _open_by(proc.pid, million.resolve())  # noqa: E731
     _wait(proc, reading)
     if moment == "fit":
         _wait(proc, lambda: not reading())
     assert not (tmp_path / "out").exists()  # the release has not begun
     time.sleep(seconds)
-    assert_stopped(proc, sig, "rpwjax privatize")
-    assert listing(tmp_path) == []
+    # stopped after its histogram was drawn, the run is charged for it (that ledger line, no output); before, no line
+    charged = assert_stopped(proc, sig, "rpwjax privatize", ledger_file=tmp_path / "ledger.jsonl")
+    assert listing(tmp_path) == (["ledger.jsonl"] if charged else [])
 
 
 

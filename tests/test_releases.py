@@ -783,3 +783,39 @@ def test_a_run_stopped_after_its_private_statistics_is_charged_for_them(files, t
     (line,) = ledger.read(book)
     assert line["failed"] is True and line["epsilon"] == pytest.approx(1.0, rel=1e-12)
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("o.csv")]
+
+
+# the CLI in a process of its own: its certificate refuses after the histogram was drawn, and a SIGINT arrives
+# while the failed run's charge is being written (the worst moment for it)
+SIGNAL_DURING_CHARGE = """
+import os, signal, sys
+import rpwjax
+from rpwjax import certify, cli, ledger
+append = ledger.commit
+def commit(path, record, *args, **kwargs):
+    if record.get("failed"):
+        os.kill(os.getpid(), signal.SIGINT)
+    return append(path, record, *args, **kwargs)
+def refuse(*args, **kwargs):
+    raise rpwjax.InputError("rpwithprior cannot be certified (a test's certificate)")
+ledger.commit = commit
+certify.certify = refuse
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_signal_while_a_failed_run_is_charged_waits_for_the_charge(files, tmp_path):
+    """A SIGINT arriving while the charge of a failed run is written waits until the line is in: the run ends
+    130, with the charge in the ledger and the line that says so before the stop's."""
+    d, a, _ = files
+    src = write_table(tmp_path / "y.csv", a[:2000])
+    book = tmp_path / "book.jsonl"
+    argv = ["privatize", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", LO, HI, "--mechanism",
+            "rpwithprior", "--epsilon", "1", "--key-file", d / "key", "--ledger", book, "--quiet"]
+    proc = subprocess.run([sys.executable, "-c", SIGNAL_DURING_CHARGE, *map(str, argv)], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 130, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert "charged epsilon 0.1" in lines[-2] and "interrupted by SIGINT" in lines[-1], proc.stderr
+    (line,) = ledger.read(book)
+    assert line["failed"] is True and line["epsilon"] == pytest.approx(0.1, rel=1e-12)
