@@ -767,24 +767,6 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def test_a_run_stopped_after_its_private_statistics_is_charged_for_them(files, tmp_path):
-    """SIGTERM after the statistics were drawn (the progress shown so far can reflect them): the run ends at once
-    (143) with no outputs, and the ledger charges what the statistics spent, the line printed before the stop's."""
-    d, a, _ = files
-    src = write_table(tmp_path / "y.csv", a[:2000], x=a[2000:4000])
-    book = tmp_path / "book.jsonl"
-    argv = ["privatize-table", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", LO, HI,
-            "--pipeline", "linear-prior", "--epsilon", "2", "--key-file", d / "key", "--ledger", book, "--quiet"]
-    proc = subprocess.run([sys.executable, "-c", SIGNAL_AFTER_STATISTICS, *map(str, argv)], capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 143, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert "charged epsilon 1" in lines[-2] and "interrupted by SIGTERM" in lines[-1], proc.stderr
-    (line,) = ledger.read(book)
-    assert line["failed"] is True and line["epsilon"] == pytest.approx(1.0, rel=1e-12)
-    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("o.csv")]
-
-
 # the CLI in a process of its own: its certificate refuses after the histogram was drawn, and a SIGINT arrives
 # while the failed run's charge is being written (the worst moment for it)
 SIGNAL_DURING_CHARGE = """
@@ -804,18 +786,36 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def test_a_signal_while_a_failed_run_is_charged_waits_for_the_charge(files, tmp_path):
-    """A SIGINT arriving while the charge of a failed run is written waits until the line is in: the run ends
-    130, with the charge in the ledger and the line that says so before the stop's."""
+# a run stopped after its draws: (the process's script, its command, the signal, its exit code, the ε charged)
+STOPPED_AFTER_DRAWS = {
+    # SIGTERM right after the statistics were drawn (the progress shown so far can reflect them)
+    "SIGTERM after privatize-table's statistics": (
+        SIGNAL_AFTER_STATISTICS, ["privatize-table", "{src}", "--pipeline", "linear-prior", "--epsilon", "2"],
+        "SIGTERM", 143, 1.0),
+    # SIGINT while the charge of a failed run is written: it waits until the line is in
+    "SIGINT while a failed privatize is charged": (
+        SIGNAL_DURING_CHARGE, ["privatize", "{src}", "--mechanism", "rpwithprior", "--epsilon", "1"],
+        "SIGINT", 130, 0.1),
+}
+
+
+@pytest.mark.parametrize("case", list(STOPPED_AFTER_DRAWS))
+def test_a_run_stopped_after_its_private_draws_is_charged_for_them(files, tmp_path, case):
+    """A signal after private draws ends the run at once with its code and no outputs, and the ledger charges
+    what the draws spent, the line that says so printed before the stop's; a signal while that charge is
+    written waits for it."""
+    script, argv, name, code, spent = STOPPED_AFTER_DRAWS[case]
     d, a, _ = files
-    src = write_table(tmp_path / "y.csv", a[:2000])
+    src = write_table(tmp_path / "y.csv", a[:2000], x=a[2000:4000])
     book = tmp_path / "book.jsonl"
-    argv = ["privatize", src, "-o", tmp_path / "o.csv", "--label-column", "y", "--range", LO, HI, "--mechanism",
-            "rpwithprior", "--epsilon", "1", "--key-file", d / "key", "--ledger", book, "--quiet"]
-    proc = subprocess.run([sys.executable, "-c", SIGNAL_DURING_CHARGE, *map(str, argv)], capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 130, proc.stderr
+    argv = [str(v).format(src=src) for v in argv] + [
+        "-o", tmp_path / "o.csv", "--label-column", "y", "--range", LO, HI, "--key-file", d / "key", "--ledger", book,
+        "--quiet"]
+    proc = subprocess.run([sys.executable, "-c", script, *map(str, argv)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == code, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert "charged epsilon 0.1" in lines[-2] and "interrupted by SIGINT" in lines[-1], proc.stderr
+    assert f"charged epsilon {spent:g} " in lines[-2] and f"interrupted by {name}" in lines[-1], proc.stderr
     (line,) = ledger.read(book)
-    assert line["failed"] is True and line["epsilon"] == pytest.approx(0.1, rel=1e-12)
+    assert line["failed"] is True and line["epsilon"] == pytest.approx(spent, rel=1e-12)
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("o.csv")]
