@@ -306,33 +306,34 @@ def check_fit_epsilons(options: FitOptions, *, spend_prior: bool, released: bool
                                   what=f" of the private histogram (it gets epsilon_1 = {DEFAULT_PRIOR_FRACTION:g}"
                                        "·epsilon; --prior-epsilon sets it)")
     if released and options.range is not None:
-        eps = np.asarray(check_epsilon(options.epsilon), np.float64)
-        eps1 = (np.zeros_like(eps) if not private_prior else DEFAULT_PRIOR_FRACTION * eps
-                if options.prior_epsilon is None else np.asarray(options.prior_epsilon, np.float64))
-        # a prior epsilon that does not fit the epsilons (too large, or another count) is the fit's to refuse
-        if eps1.size in (1, eps.size) and np.all(eps > eps1):
+        eps = np.atleast_1d(check_epsilon(options.epsilon))
+        eps1 = planned_prior_epsilons(options, spend_prior=spend_prior)
+        if np.all(eps > eps1):  # a prior epsilon too large is the fit's to refuse
             lo, hi = check_range(*options.range)
-            check_release_epsilon(row.params, eps - eps1.reshape(eps1.shape if eps1.size == eps.size else ()),
-                                  f"[{lo:.17g}, {hi:.17g}]")
+            check_release_epsilon(row.params, eps - eps1, f"[{lo:.17g}, {hi:.17g}]")
+
+
+def planned_prior_epsilons(options: FitOptions, *, spend_prior: bool = False) -> np.ndarray:
+    """The ε₁ that ``options.fit`` spends on a private histogram for each of its ε, from the options alone
+    (``--prior-epsilon``, else 0.1·ε, for a mechanism that uses a prior, or ``spend_prior``, under ``--prior
+    private``; 0 otherwise), before anything is drawn."""
+    eps = np.atleast_1d(check_epsilon(options.epsilon))
+    row = MECHANISMS[options.mechanism]
+    if (options.prior or "private") == "empirical" or not (row.uses_prior or spend_prior):
+        return np.zeros_like(eps)
+    if options.prior_epsilon is None:
+        return DEFAULT_PRIOR_FRACTION * eps
+    e1 = check_epsilon(options.prior_epsilon, "prior_epsilon")
+    if e1.ndim and e1.shape != eps.shape:  # the fit's own refusal, before anything is drawn
+        raise InputError(f"prior_epsilon needs one value or one per epsilon: {e1.size} values for {eps.size} "
+                         "epsilons")
+    return np.broadcast_to(e1, eps.shape).astype(np.float64)
 
 
 def planned_histograms(options: FitOptions) -> list[float]:
     """The distinct ε₁ of the private histograms ``options.fit`` will draw (:func:`rpwjax.api.histogram_epsilons`
-    of its records), from the options alone: ``--prior-epsilon``, else 0.1·ε, for each ε of a mechanism that
-    uses a prior under ``--prior private``; none otherwise."""
-    row = MECHANISMS[options.mechanism]
-    if (options.prior or "private") == "empirical" or not row.uses_prior:
-        return []
-    eps = np.atleast_1d(check_epsilon(options.epsilon))
-    if options.prior_epsilon is None:
-        eps1 = DEFAULT_PRIOR_FRACTION * eps
-    else:
-        e1 = check_epsilon(options.prior_epsilon, "prior_epsilon")
-        if e1.ndim and e1.shape != eps.shape:  # the fit's own refusal, before anything is drawn
-            raise InputError(f"prior_epsilon needs one value or one per epsilon: {e1.size} values for {eps.size} "
-                             "epsilons")
-        eps1 = np.broadcast_to(e1, eps.shape).astype(np.float64)
-    return list(dict.fromkeys(float(e) for e in eps1 if float(e) > 0))
+    of its records): the positive :func:`planned_prior_epsilons`, each once."""
+    return list(dict.fromkeys(float(e) for e in planned_prior_epsilons(options) if float(e) > 0))
 
 
 def _seed_fields(secret: Secret) -> dict:

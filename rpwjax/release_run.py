@@ -76,8 +76,7 @@ class ReleaseRun:
         self.line = None
         self._hold = None  # the ExitStack of recording(), while its block runs
         self._appended = None  # the ledger line finish() appended, until the outputs are in place
-        self._charged = False  # a failed run's line is appended (charged())
-        self._charge_line = None  # ... and the line that says so,
+        self._charge_line = None  # once a failed run's line is appended (charged()): the line that says so
         self._said = False  # ... printed
 
     @property
@@ -154,7 +153,7 @@ class ReleaseRun:
         """Append the failed run's line (see :meth:`charged`); the line to print, or None when nothing is charged.
         A stopping run (``stopping``) does not wait on the ledger's lock, which its own thread may hold; a stop
         that comes while the line is written waits for it, and then prints the line that says so."""
-        if self._charged:
+        if self._charge_line is not None:
             return None if self._said else self._charge_line
         if not draws.read_later(made) or self._appended is not None:
             return None
@@ -168,7 +167,6 @@ class ReleaseRun:
         record.pop("released_sha256", None)
         def append():
             status = ledger.commit(self.ledger, record, wait=False, patience=1.0 if stopping else CHARGE_PATIENCE)
-            self._charged = True
             self._charge_line = (
                 f"ledger {str(self.ledger)}: this run failed after drawing private values, which its failure can "
                 f"reflect: charged epsilon {epsilon:g}" + (f", delta {delta:g}" if delta else "")
