@@ -621,18 +621,32 @@ def test_thresholds_found_from_the_cdf_are_the_bisected_ones(params):
         np.testing.assert_array_equal(realized.realized_counts(value_fn, count, labels, cells, g)["counts"], plain)
 
 
-def test_a_linear_prior_release_at_a_large_epsilon_certifies_one_set_per_level(monkeypatch):
-    """At ε = 30 no closed-form bound certifies RPWithPrior's per-row intervals, so every distinct parameter
-    set gets the realized check: linear-prior rounds its centres to the rule's public levels (as auto does), so
-    the checks are at most levels + 1 however many rows (with 8 levels here: 9 at most for 600 rows), and the
-    release still passes them."""
-    import dataclasses as dc
-
-    from rpwjax import certify
-    from rpwjax.keys import Secret
+def _linear_prior_on_levels(x, y, secret, levels):
     from rpwjax.pipelines import linear_prior
 
-    monkeypatch.setattr(linear_prior, "DEFAULT_RULE", dc.replace(linear_prior.DEFAULT_RULE, levels=8))
+    out, record = linear_prior.linear_prior_labels(x, y, 0.0, 1.0, 30.0, secret=secret, levels=levels)
+    assert record["per_label_epsilon"] == 30.0
+    return out, 0  # sets certified besides the levels' (none)
+
+
+def _two_stage_on_levels(x, y, secret, levels):
+    from rpwjax.pipelines import two_stage
+
+    config = two_stage.TwoStageConfig(stage1="rpwithprior", levels=levels)
+    run = two_stage.two_stage_labels(x, y, 0.0, 1.0, 16.0, secret=secret, config=config, epochs=2)  # ε₂ 14.4
+    assert run.record["per_label_epsilon"] == 16.0
+    return run.labels, 1  # sets certified besides part B's levels': stage 1's
+
+
+@pytest.mark.parametrize("pipeline", [_linear_prior_on_levels, _two_stage_on_levels], ids=["linear-prior", "two-stage"])
+def test_a_per_row_release_at_a_large_epsilon_certifies_one_set_per_level(pipeline, monkeypatch):
+    """At a large ε (30; two-stage's ε₂ 14.4) no closed-form bound certifies RPWithPrior's per-row intervals, so
+    every distinct parameter set gets the realized check: the per-row pipelines round their centres (linear-prior's model, two-stage's
+    m1) to public levels, as auto does, so the checks are at most levels + 1 however many rows (with 8 levels
+    here: 9 at most for 600 rows, and two-stage's stage-1 set), and the release still passes them."""
+    from rpwjax import certify
+    from rpwjax.keys import Secret
+
     checked = []
     original = certify._check_set
     monkeypatch.setattr(certify, "_check_set", lambda params, s: (checked.append(params), original(params, s))[1])
@@ -640,7 +654,6 @@ def test_a_linear_prior_release_at_a_large_epsilon_certifies_one_set_per_level(m
     rng = np.random.default_rng(3)
     x = rng.normal(size=(600, 3))
     y = np.clip(0.5 + 0.15 * x[:, 0] + 0.05 * rng.normal(size=600), 0.0, 1.0)
-    out, record = linear_prior.linear_prior_labels(x, y, 0.0, 1.0, 30.0, secret=Secret.from_seed(4))
+    out, besides = pipeline(x, y, Secret.from_seed(4), 8)
     assert out.shape == y.shape and np.all(np.isfinite(out))
-    assert 2 <= len(checked) <= 9, len(checked)
-    assert record["per_label_epsilon"] == 30.0
+    assert 2 <= len(checked) - besides <= 9, len(checked)

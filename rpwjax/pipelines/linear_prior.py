@@ -18,7 +18,7 @@ import functools
 import numpy as np
 
 from rpwjax.accounting import Accounting, record_fields
-from rpwjax.errors import InputError, check_epsilon, check_labels, check_range
+from rpwjax.errors import InputError, check_epsilon, check_integer, check_labels, check_range
 from rpwjax.keys import Secret, check_secret
 from rpwjax.mechanisms.rpwithprior import RPWithPrior, choose_zeta, fit_rpwithprior_per_row
 from rpwjax.pipelines.residuals import (censored_priors, mean_matched_priors, residual_histogram, shifted_priors,
@@ -85,9 +85,10 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
     ``stage2="rpwithprior"``: RPWithPrior with a per-row exact interval under the row's prior (the residual
     prior shifted to its centre), denoised under that prior. ``stage2="unbiased"``: the unbiased residual
     release (:func:`~rpwjax.pipelines.residuals.unbiased_residual_release`), not denoised; ``unbiased_fit`` is
-    the ``unbiased_residual_fit`` result when the caller has it already. ``levels``: the centres are first
-    rounded to ``levels`` + 1 public levels across [lo, hi] (post-processing), so that RPWithPrior's interval
-    search runs once per level, not once per row (what makes a million rows take seconds). ``row_prior``
+    the ``unbiased_residual_fit`` result when the caller has it already. ``levels`` (default ``rule.levels``):
+    the centres are first rounded to ``levels`` + 1 public levels across [lo, hi] (post-processing,
+    :func:`release_on_levels`), so that RPWithPrior's interval search and certificate run once per level, not
+    once per row (what makes a million rows take seconds). ``row_prior``
     (:data:`ROW_PRIORS`): "truncated", the residual prior shifted to m and cut to the range
     (:func:`~rpwjax.pipelines.residuals.shifted_priors`); "censored", the law of y = clip(m + r)
     (:func:`~rpwjax.pipelines.residuals.censored_priors`); "mean-matched", the censored one with the residual
@@ -104,31 +105,41 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
                                            accounting=accounting)
         return out, {"residual_range": list(residual_range), "denoised": False, "release": sidecar_fields(params)}
     zeta = float(choose_zeta(histogram_prior(prior.edges, prior.mass), eps2)[0])
-    centres = prior.centres
-    if levels is not None:
-        centres = centre_levels(levels, lo, hi)[level_index(centres, levels, lo, hi)]
-        unique, inverse = np.unique(centres, return_inverse=True)
-        level_priors = row_priors(prior.edges, prior.mass, unique, lo, hi)  # a row's prior is its level's
-        fitted = fit_rpwithprior_per_row(level_priors, zeta, eps2)
-        params = dataclasses.replace(fitted, epsilon=fitted.epsilon[inverse], zeta=fitted.zeta[inverse],
-                                     a1=fitted.a1[inverse], a2=fitted.a2[inverse])
-        noisy = release(params, secret.child("release"), labels, accounting=accounting)
-        # a row's prior is its level's: gathered a block of rows at a time, never (rows, bins) for every row at once
-        left, right, mass = (np.asarray(v) for v in (level_priors.left, level_priors.right, level_priors.mass))
-        out = np.empty(noisy.shape, np.float64)
-        for i in range(0, out.size, LEVEL_ROW_BLOCK):
-            rows, at = inverse[i:i + LEVEL_ROW_BLOCK], slice(i, i + LEVEL_ROW_BLOCK)
-            block_params = dataclasses.replace(params, epsilon=params.epsilon[at], zeta=params.zeta[at],
-                                               a1=params.a1[at], a2=params.a2[at])
-            block_priors = dataclasses.replace(level_priors, left=left[rows], right=right[rows], mass=mass[rows])
-            out[at] = posterior_mean_per_row(block_params, block_priors, noisy[at])
-        return out, {"zeta": zeta, "denoised": True, "row_prior": row_prior, "release": sidecar_fields(params)}
-    else:
-        priors = row_priors(prior.edges, prior.mass, centres, lo, hi)
-        params = fit_rpwithprior_per_row(priors, zeta, eps2)
-    noisy = release(params, secret.child("release"), labels, accounting=accounting)
-    return posterior_mean_per_row(params, priors, noisy), {"zeta": zeta, "denoised": True, "row_prior": row_prior,
-                                                           "release": sidecar_fields(params)}
+    levels = rule.levels if levels is None else levels
+    out, params, _ = release_on_levels(lambda c: row_priors(prior.edges, prior.mass, c, lo, hi), prior.centres, labels,
+                                       lo, hi, zeta, eps2, secret.child("release"), levels, accounting=accounting)
+    return out, {"zeta": zeta, "denoised": True, "row_prior": row_prior, "levels": levels + 1,
+                 "release": sidecar_fields(params)}
+
+
+def release_on_levels(priors_at, centres, labels, lo, hi, zeta, eps2, secret: Secret, levels: int, *,
+                      accounting: Accounting | None = None):
+    """Per-row RPWithPrior with each row's centre rounded to ``levels`` + 1 public levels: ``(denoised, params, outputs)``.
+
+    ``priors_at(level_centres)`` gives the batched prior of each distinct level (post-processing of the
+    centres); a row's prior, interval and certificate are its level's, so the interval search and the
+    release's certificate run once per level, not once per row (at a large ε no closed-form bound certifies
+    the per-row intervals and each distinct one gets the realized check). The release reads ``labels`` once
+    under ``secret`` (recorded in ``accounting``, if given); the output is denoised under the row's prior.
+    """
+    levels = check_integer(levels, "levels", 1)
+    centres = centre_levels(levels, lo, hi)[level_index(centres, levels, lo, hi)]
+    unique, inverse = np.unique(centres, return_inverse=True)
+    level_priors = priors_at(unique)
+    fitted = fit_rpwithprior_per_row(level_priors, zeta, eps2)
+    params = dataclasses.replace(fitted, epsilon=fitted.epsilon[inverse], zeta=fitted.zeta[inverse],
+                                 a1=fitted.a1[inverse], a2=fitted.a2[inverse])
+    noisy = release(params, secret, labels, accounting=accounting)
+    # a row's prior is its level's: gathered a block of rows at a time, never (rows, bins) for every row at once
+    left, right, mass = (np.asarray(v) for v in (level_priors.left, level_priors.right, level_priors.mass))
+    out = np.empty(noisy.shape, np.float64)
+    for i in range(0, out.size, LEVEL_ROW_BLOCK):
+        rows, at = inverse[i:i + LEVEL_ROW_BLOCK], slice(i, i + LEVEL_ROW_BLOCK)
+        block_params = dataclasses.replace(params, epsilon=params.epsilon[at], zeta=params.zeta[at],
+                                           a1=params.a1[at], a2=params.a2[at])
+        block_priors = dataclasses.replace(level_priors, left=left[rows], right=right[rows], mass=mass[rows])
+        out[at] = posterior_mean_per_row(block_params, block_priors, noisy[at])
+    return out, params, noisy
 
 
 def centre_levels(levels: int, lo: float, hi: float) -> np.ndarray:
@@ -169,14 +180,14 @@ def check_features(features, y) -> np.ndarray:
 
 def linear_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, stats_fraction: float = 0.4,
                         prior_fraction: float = 0.1, components: int = 8, residual_bins: int = DEFAULT_BINS,
-                        stage2: str = "rpwithprior"):
+                        stage2: str = "rpwithprior", levels: int = DEFAULT_RULE.levels):
     """Private labels whose per-row prior is centred on a private linear model (no split).
 
     Every label is read three times: by the sufficient statistic Xᵀy of a linear
     model (ε_s = ``stats_fraction``·ε), by a residual histogram around that
     model (ε₁ = ``prior_fraction``·ε), and by its own output (ε₂ = ε - ε_s - ε₁;
     :func:`release_around` with ``stage2``; RPWithPrior's centres rounded to
-    the rule's ``levels`` + 1 public levels, as ``auto`` rounds them).
+    ``levels`` + 1 public levels, as ``auto`` rounds them).
     Sequential composition: ε per label. Returns ``(labels, record)``.
     """
     if stage2 not in STAGE2:
@@ -196,9 +207,6 @@ def linear_prior_labels(features, labels, lo, hi, epsilon, *, secret: Secret, st
     accounting = Accounting(y.size, eps)
     prior = linear_residual_prior(design, bound, y, lo, hi, eps_s, eps1, secret, residual_bins=residual_bins,
                                   accounting=accounting)
-    # centres on auto's public levels: one interval search and one certificate per level, not per row (at a
-    # large ε no closed-form bound certifies the per-row intervals, and each distinct one is checked on its own)
-    levels = DEFAULT_RULE.levels if stage2 == "rpwithprior" else None
     out, fields = release_around(prior, y, lo, hi, eps2, secret, stage2, levels=levels, accounting=accounting)
     record = {"pipeline": "linear-prior", "mechanism": stage2, "components": prior.components,
               "l1_bound": prior.l1_bound, **fields, **record_fields(accounting)}

@@ -15,9 +15,12 @@ r"""The two-stage pipeline (one ε; every label is privatized exactly once):
    to the noisy counts (:func:`residual_histogram`).
    Row i of B gets the prior π_i(y) ∝ h(y - m₁(x_i)) restricted to
    [lo, hi]: the residual prior shifted to the model's prediction.
-   ``stage2="rpwithprior"``: each row gets its own interval [A1_i, A2_i],
-   the exact optimum of neighbourhood preservation under π_i (the Dinkelbach
-   search of :mod:`rpwjax.mechanisms.interval_search`, vmapped over rows), ζ chosen by
+   ``stage2="rpwithprior"``: m₁(x_i) is first rounded to one of ``levels`` + 1
+   public levels across [lo, hi] (post-processing), and each row gets its
+   level's interval [A1_i, A2_i], the exact optimum of neighbourhood
+   preservation under π_i (the Dinkelbach search of
+   :mod:`rpwjax.mechanisms.interval_search`, vmapped over the levels; one
+   search and one release certificate per level, not per row), ζ chosen by
    ``zeta="auto"`` on the residual histogram, ε₂ = ε - ε₁; the output is
    then denoised to E_{π_i}[Y | Ỹ = ỹ] (exact, closed form).
    ``stage2="unbiased"``: the optimal unbiased randomizer for the residual,
@@ -56,10 +59,12 @@ from rpwjax.accounting import Accounting, record_fields
 from rpwjax.errors import InputError, check_epsilon, check_integer, check_labels, check_range
 from rpwjax.keys import Secret
 from rpwjax.mechanisms import entry
-from rpwjax.mechanisms.rpwithprior import choose_zeta, fit_rpwithprior_per_row
+from rpwjax.mechanisms.rpwithprior import choose_zeta
 from rpwjax.sampling import check_release_epsilon
+from rpwjax.pipelines.linear_prior import release_on_levels
 from rpwjax.pipelines.residuals import (residual_histogram, shifted_priors, unbiased_residual_fit,
                                        unbiased_residual_release)
+from rpwjax.pipelines.rule import DEFAULT_RULE
 from rpwjax.posterior import posterior_mean, posterior_mean_per_row
 from rpwjax.priors import DEFAULT_BINS, Prior, histogram_prior, private_histogram
 from rpwjax.release_path import release, sidecar_fields
@@ -88,6 +93,7 @@ class TwoStageConfig:
     bins: int = DEFAULT_BINS  # stage-1 private histogram
     residual_bins: int = DEFAULT_BINS
     holdout: float = 0.2  # share of a stage's rows whose private labels pick the stage model's epoch (0: none)
+    levels: int = DEFAULT_RULE.levels  # stage 2 rounds m1 to levels + 1 public levels across the range
 
     def validate(self):
         if self.stage1 not in STAGE1:
@@ -100,7 +106,7 @@ class TwoStageConfig:
             raise InputError(f"holdout must be in [0, 1), got holdout={self.holdout!r}")
         if not 0 < self.prior_fraction < 1:
             raise InputError(f"prior_fraction must be in (0, 1), got prior_fraction={self.prior_fraction!r}")
-        for name in ("bins", "residual_bins"):
+        for name in ("bins", "residual_bins", "levels"):
             check_integer(getattr(self, name), name, 2)
         return self
 
@@ -186,11 +192,12 @@ class TwoStageRun:
         if cfg.stage2 == "rpwithprior":
             residual_prior = histogram_prior(self.residual_edges, self.residual_mass)
             self.zeta = float(choose_zeta(residual_prior, self.eps2)[0])
-            priors = shifted_priors(self.residual_edges, self.residual_mass, m1[b], self.lo, self.hi, self.global_prior)
-            params = fit_rpwithprior_per_row(priors, self.zeta, self.eps2)
-            noisy = release(params, self._secret.child("stage2"), y_b, accounting=part_b)
-            self.stage2_params, self.stage2_outputs = params, noisy
-            self.labels_b = posterior_mean_per_row(params, priors, noisy)
+            # m1 rounded to the public levels: one interval search and one certificate per level, not per row
+            self.labels_b, self.stage2_params, self.stage2_outputs = release_on_levels(
+                lambda c: shifted_priors(self.residual_edges, self.residual_mass, c, self.lo, self.hi,
+                                         self.global_prior),
+                m1[b], y_b, self.lo, self.hi, self.zeta, self.eps2, self._secret.child("stage2"), cfg.levels,
+                accounting=part_b)
         else:
             params, (c_lo, c_hi), _ = unbiased_residual_fit(self.residual_edges, self.residual_mass, width, self.eps2)
             self.labels_b, noisy = unbiased_residual_release(params, (c_lo, c_hi), m1[b], y_b,
@@ -236,7 +243,7 @@ class TwoStageRun:
             "range": [self.lo, self.hi],
             "part_a": {"rows": int(self.part_a.size), "mechanism": cfg.stage1, "bins": cfg.bins},
             "part_b": {"rows": int(self.part_b.size), "mechanism": cfg.stage2, "residual_bins": cfg.residual_bins,
-                       "zeta": self.zeta},
+                       "zeta": self.zeta, **({"levels": cfg.levels + 1} if cfg.stage2 == "rpwithprior" else {})},
             "denoised": cfg.stage2 == "rpwithprior",
             "release": {"part_a": sidecar_fields(self.stage1_params),
                         "part_b": sidecar_fields(self.stage2_params)},
