@@ -21,6 +21,12 @@ two runs in one process at once, each is charged the other's draws too (an
 overcharge, never an undercharge). A stop (:mod:`rpwjax.interrupts`) may read
 the notes from a signal handler on the very thread that is noting one, so
 reading takes no lock, only a copy of the notes made in one step.
+
+A block may also ask to hear of its first draw that later work reads before
+that draw is made (``collecting(first_read=...)``): the run then writes a
+line to its ledger first, so that a run killed outright afterwards (SIGKILL,
+the kernel's OOM killer, a crash), which runs no code of its own, is still
+charged.
 """
 
 from __future__ import annotations
@@ -30,20 +36,28 @@ import math
 import threading
 
 _lock = threading.Lock()
-_collectors: dict[int, dict] = {}  # id of a collecting block -> {identity: (epsilon, delta)}
+_collectors: dict[int, dict] = {}  # id of a collecting block -> {identity: (epsilon, delta, to_output)}
+_first_read: dict[int, object] = {}  # id of a collecting block -> its hook, until a draw read later is noted
 
 
 @contextlib.contextmanager
-def collecting():
-    """A block whose draws are collected: yields the dict of ``identity -> (ε, δ, to_output)`` they fill."""
+def collecting(first_read=None):
+    """A block whose draws are collected: yields the dict of ``identity -> (ε, δ, to_output)`` they fill.
+
+    ``first_read()``, if given, is called once, before the block's first draw that later work reads is noted
+    or made (on the thread that draws it): the run's write-ahead ledger line
+    (:meth:`rpwjax.release_run.ReleaseRun.charged`). An exception from it stops that draw."""
     draws: dict = {}
     with _lock:
         _collectors[id(draws)] = draws
+        if first_read is not None:
+            _first_read[id(draws)] = first_read
     try:
         yield draws
     finally:
         with _lock:
             _collectors.pop(id(draws), None)
+            _first_read.pop(id(draws), None)
 
 
 def active() -> bool:
@@ -57,6 +71,13 @@ def note(identity: bytes, epsilon: float, delta: float = 0.0, *, to_output: bool
     epsilon, delta = float(epsilon), float(delta)
     if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= delta <= 1):
         raise ValueError(f"a draw costs a finite epsilon >= 0 and a delta in [0, 1], got {epsilon!r}, {delta!r}")
+    if not to_output:
+        with _lock:
+            hooks = list(_first_read.items())
+        for key, hook in hooks:  # outside the lock: a hook writes a file, and may raise (then nothing is drawn)
+            hook()
+            with _lock:
+                _first_read.pop(key, None)
     with _lock:
         for draws in _collectors.values():
             draws.setdefault(bytes(identity), (epsilon, delta, bool(to_output)))

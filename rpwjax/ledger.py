@@ -3,7 +3,8 @@
 A release is private on its own; two releases of the same labels spend the
 sum of their ε (basic composition), and only a record that outlives a run
 can show that sum. Every ``rpwjax fit``, ``privatize`` and ``privatize-table``
-appends one JSON line to a ledger file: the release id, the time, the input
+appends one JSON line to a ledger file (and a pending line before its first
+draw that later work reads; see below): the release id, the time, the input
 (its name, size and SHA-256 of its bytes), the label column, the rows and
 row offset, the mechanism or pipeline, ε and δ, a digest of the settings,
 and a fingerprint of the secret that reveals nothing about it
@@ -21,7 +22,15 @@ Totals (:func:`summaries`) are per (input content, label column): the sum of
 the same input, rows and settings, releases nothing new and counts once. A
 run that failed after a private draw has a line marked ``"failed": true``
 with what its draws spent (:mod:`rpwjax.release_run`); a release id counts at
-the largest ε and δ of its lines. A
+the largest ε and δ of its lines.
+
+Before its first private draw that later work reads (a histogram, a
+statistic), a run appends a line marked ``"pending": true`` with its claimed
+ε and its ``run`` token, and its last line (the release, or the failure's
+charge) carries the same token. A pending line that no later line of its run
+resolves is a run that was killed outright (SIGKILL, the kernel's OOM killer,
+a crash) or is still running: it counts at its claim. :func:`read` leaves
+out the pending lines already resolved. A
 release id reused on the same input with other settings or rows, or on other
 input over rows it already covered, is refused: it would reuse randomness.
 
@@ -143,11 +152,17 @@ def _group(record) -> tuple:
     return (record["input"]["sha256"], record["label_column"])
 
 
+def _partial(record: dict) -> bool:
+    """Whether a line is not a release that left the program: a failed run's charge, or a pending line."""
+    return bool(record.get("failed") or record.get("pending"))
+
+
 def _same_release(a: dict, b: dict) -> bool:
     """Whether two lines are one release (the same randomness on the same labels). A failed run's line charges
-    what it drew, less than the claim: it matches its release at any ε."""
+    what it drew, less than the claim, and a pending line precedes the ε a fit settles: they match their
+    release at any ε."""
     keys = ("command", "label_column", "row_offset", "settings", "key_fingerprint")
-    keys += () if a.get("failed") or b.get("failed") else ("epsilon",)
+    keys += () if _partial(a) or _partial(b) else ("epsilon",)
     return all(a[k] == b[k] for k in keys) and a["input"]["sha256"] == b["input"]["sha256"] and (
         a["rows"] is None or b["rows"] is None or a["rows"] == b["rows"])
 
@@ -223,14 +238,25 @@ def _record_problem(record: dict) -> str | None:
         return f"row_offset must be an integer >= 0, got row_offset={offset!r}"
     if not (rows is None or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0)):
         return f"rows must be an integer >= 0, got rows={rows!r}"
-    if not isinstance(record.get("failed", False), bool):
-        return f"failed must be true or false, got failed={record.get('failed')!r}"
+    for key in ("failed", "pending"):
+        if not isinstance(record.get(key, False), bool):
+            return f"{key} must be true or false, got {key}={record.get(key)!r}"
+    if not isinstance(record.get("run", ""), str) or (record.get("pending") and not record.get("run")):
+        return f"run must be a string (a pending line's is required), got run={record.get('run')!r}"
     return None
 
 
-def read(path) -> list[dict]:
-    """Every record of a ledger file (none if it does not exist); a damaged line is an error naming it, and a
-    file whose first line is no ledger record (another file given as the ledger) is refused as no ledger."""
+def resolved(records) -> list[dict]:
+    """``records`` less the pending lines that a later line of their run (its release, or its failure's
+    charge) resolves."""
+    ended = {r["run"] for r in records if r.get("run") and not r.get("pending")}
+    return [r for r in records if not (r.get("pending") and r["run"] in ended)]
+
+
+def read(path, *, every_line: bool = False) -> list[dict]:
+    """The records of a ledger file (none if it does not exist), less the pending lines already resolved
+    (:func:`resolved`; ``every_line``: all of them); a damaged line is an error naming it, and a file whose
+    first line is no ledger record (another file given as the ledger) is refused as no ledger."""
     p = Path(path)
     if not p.exists():
         return []
@@ -264,29 +290,31 @@ def read(path) -> list[dict]:
                                  "ledger")
             raise InputError(f"ledger {str(p)!r} line {number} is not a ledger record: the ledger is damaged; "
                              "repair or move it")
-    return out
+    return out if every_line else resolved(out)
 
 
 def summaries(records) -> list[dict]:
     """One summary per (input content, label column): its releases and the totals under basic composition.
 
     The lines of one release id are one release (a reproduction releases nothing new); it counts at the
-    largest ε and δ of its lines (a failed run's line charges its draws, its rerun under that id the claim)."""
+    largest ε and δ of its lines (a failed run's line charges its draws, its rerun under that id the claim; a
+    pending line not resolved, its claim). Pending lines already resolved are left out."""
     groups: dict[tuple, dict] = {}
-    for r in records:
+    for r in resolved(records):
         g = groups.setdefault(_group(r), {"input": r["input"]["name"], "input_sha256": r["input"]["sha256"],
                                           "label_column": r["label_column"], "releases": [],
                                           "epsilon_total": 0.0, "delta_total": 0.0})
         entry = {k: r[k] for k in ("release_id", "time", "command", "epsilon", "delta", "rows", "row_offset")
                  if k in r} | {"name": r["input"]["name"], "mechanism": r.get("mechanism") or r.get("pipeline"),
-                               "failed": bool(r.get("failed"))}
+                               "failed": bool(r.get("failed")), "pending": bool(r.get("pending"))}
         same = next((q for q in g["releases"] if q["release_id"] == r["release_id"]), None)
         if same is None:
             g["releases"].append(entry)
-        else:  # the release as its first line that did not fail shows it, at the largest ε and δ of its lines
-            shown = entry if same["failed"] and not entry["failed"] else dict(same)
+        else:  # the release as its first line that left the program shows it, at the largest ε and δ of its lines
+            partial = lambda q: q["failed"] or q["pending"]  # noqa: E731
+            shown = entry if partial(same) and not partial(entry) else dict(same)
             same.update(shown, epsilon=max(same["epsilon"], entry["epsilon"]),
-                        delta=max(same["delta"], entry["delta"]), failed=same["failed"] and entry["failed"])
+                        delta=max(same["delta"], entry["delta"]))
     for g in groups.values():
         g["epsilon_total"] = float(sum(float(q["epsilon"]) for q in g["releases"]))
         g["delta_total"] = float(sum(float(q["delta"]) for q in g["releases"]))
@@ -294,7 +322,10 @@ def summaries(records) -> list[dict]:
 
 
 def _check(records, record, budget) -> dict:
-    """The running total with ``record`` added; InputError if it reuses a release id or passes ``budget``."""
+    """The running total with ``record`` added; InputError if it reuses a release id or passes ``budget``. The
+    run's own pending line (its ``run`` token) is not counted: ``record`` resolves it."""
+    if record.get("run"):
+        records = [r for r in records if not (r.get("pending") and r.get("run") == record["run"])]
     rid = record["release_id"]
     reproduced = False
     for r in records:
@@ -484,5 +515,6 @@ def report_lines(ledger=None, key_file=None, *, as_json: bool = False) -> list[s
         for r in g["releases"]:
             lines.append(f"  {r['time']}  {r['command']:<15} {r['mechanism'] or '':<12} epsilon {r['epsilon']:<8g} "
                          f"rows {r['rows']} from {r['row_offset']}  release {r['release_id']}"
-                         + ("  (failed after private draws: charged what they spent)" if r["failed"] else ""))
+                         + ("  (failed after private draws: charged what they spent)" if r["failed"] else "")
+                         + ("  (did not finish, or still running: charged its claim)" if r["pending"] else ""))
     return lines

@@ -239,9 +239,11 @@ def load_release_params(path, *, prior_is_public: bool = False, range=None):
     the file's is refused. ``prior`` is the saved histogram (None when none
     was saved).
     """
-    _, record = load_params(read_json(path), name=str(path))
-    params, record, verified = verified_release(record, name=str(path))
+    _, saved = load_params(read_json(path), name=str(path))
+    params, record, verified = verified_release(saved, name=str(path))
     record = dict(record, verified=verified)
+    if saved.get("release_id") is not None:  # the fit's release (its histogram), which the refit's record lacks
+        record["params_release_id"] = saved["release_id"]
     prior = prior_from_record(record)
     kind = record.get("prior", {}).get("kind")
     public = kind in PUBLIC_PRIOR_KINDS
@@ -548,7 +550,7 @@ def _params_release(path, options: FitOptions, run: ReleaseRun, prior_is_public:
     params, record, prior = load_release_params(path, prior_is_public=prior_is_public, range=options.range)
     # the labels of this file pay epsilon_2; the fit's histogram is in the ledger under the fit's input
     run.start(float(record["epsilon_mechanism"]), float(record.get("delta") or 0.0), mechanism=record["mechanism"],
-              params_release_id=record.get("release_id"))
+              params_release_id=record.get("params_release_id"))
     return params, record, prior
 
 

@@ -6,12 +6,15 @@ checked before any work and appended just before the outputs appear. A run
 that fails (an error, or SIGINT/SIGTERM) after a private draw that later work
 reads (a statistic, a histogram, a pipeline's first release) is charged what
 its draws spent (:meth:`ReleaseRun.charged`): its error, its message and the
-progress shown so far can depend on what it drew.
+progress shown so far can depend on what it drew. Before that first draw the
+run writes a pending line with its claim, so that a run killed outright
+afterwards is charged too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 import warnings
 
 from rpwjax import draws, interrupts, ledger
@@ -78,6 +81,8 @@ class ReleaseRun:
         self._appended = None  # the ledger line finish() appended, until the outputs are in place
         self._charge_line = None  # once a failed run's line is appended (charged()): the line that says so
         self._said = False  # ... printed
+        self._pending = None  # the pending line, once appended before the first draw that later work reads
+        self.run_token = secrets.token_hex(8)  # ties the run's lines together (a pending line to its last)
 
     @property
     def release_id(self) -> str:
@@ -127,10 +132,14 @@ class ReleaseRun:
         ``"failed": true`` with the ε and δ its draws spent (:func:`rpwjax.draws.spent`, the ε at most what
         :meth:`start` claimed) and no rows, and one line says so. Its rerun under the same release id (the
         same draws) counts once, at the larger ε. No budget refuses the line: the draws were made (a
-        ``--budget`` refusal comes before any draw, from :meth:`start`; one at the final append, after a
-        concurrent run, is charged like any failure). A run killed outright (SIGKILL, the kernel's OOM
-        killer, a crash) leaves no line: nothing runs after it."""
-        with draws.collecting() as made:
+        ``--budget`` refusal comes before any draw, from :meth:`start` or the pending line; one at the final
+        append, after a concurrent run, is charged like any failure).
+
+        A run killed outright (SIGKILL, the kernel's OOM killer, a crash) runs nothing afterwards: so before
+        its first draw that later work reads, the run appends a pending line (:meth:`_write_pending`) with
+        its claim, which its last line (the release, or the failure's charge) resolves. One the run never
+        resolved counts at the claim (:mod:`rpwjax.ledger`)."""
+        with draws.collecting(first_read=self._write_pending) as made:
             take_off = interrupts.on_stop(lambda: self._charge_failure(made, stopping=True))
             try:
                 yield self
@@ -155,16 +164,18 @@ class ReleaseRun:
         that comes while the line is written waits for it, and then prints the line that says so."""
         if self._charge_line is not None:
             return None if self._said else self._charge_line
-        if not draws.read_later(made) or self._appended is not None:
-            return None
+        if self._appended is not None or (self._pending is None and not draws.read_later(made)):
+            return None  # the release is in; or nothing drawn that the failure could reflect, and nothing pending
         claim = None if self.record is None else self.record["epsilon"]
         epsilon, delta = draws.spent(made, claim)
         base = self.record or ledger.new_record(release_id=self.release_id, rows=None, epsilon=0.0, delta=0.0,
                                                 key_fingerprint=key_fingerprint(self.root),
-                                                reproducible_seed=self.root.reproducible, **self._fields)
+                                                reproducible_seed=self.root.reproducible, run=self.run_token,
+                                                **self._fields)
         record = dict(base, rows=None, epsilon=epsilon, delta=delta, failed=True)
         record.pop("accounting", None)
         record.pop("released_sha256", None)
+        record.pop("pending", None)
         def append():
             status = ledger.commit(self.ledger, record, wait=False, patience=1.0 if stopping else CHARGE_PATIENCE)
             self._charge_line = (
@@ -184,10 +195,24 @@ class ReleaseRun:
                     f"{epsilon:g}) and could not be charged ({err}); add it to the input's total yourself")
         return self._charge_line
 
+    def _write_pending(self):
+        """Append the pending line (the claim, no rows, ``"pending": true``), once, before the run's first draw
+        that later work reads (:func:`rpwjax.draws.collecting`). It is checked like the release (a reused id,
+        ``--budget``, which a concurrent run may have moved since :meth:`start`): a refusal stops the run before
+        that draw. A signal meanwhile waits until the line is in."""
+        if self._pending is not None or self.record is None:
+            return
+        record = dict(self.record, rows=None, pending=True)
+        for key in ("accounting", "released_sha256"):
+            record.pop(key, None)
+        with interrupts.held():
+            self._pending = ledger.commit(self.ledger, record, self.budget)["line"]
+
     def start(self, epsilon: float, delta: float = 0.0, **extra) -> "ReleaseRun":
         self.record = ledger.new_record(release_id=self.release_id, rows=None, epsilon=epsilon, delta=delta,
                                         key_fingerprint=key_fingerprint(self.root),
-                                        reproducible_seed=self.root.reproducible, **self._fields, **extra)
+                                        reproducible_seed=self.root.reproducible, run=self.run_token,
+                                        **self._fields, **extra)
         ledger.precheck(self.ledger, self.record, self.budget)
         return self
 

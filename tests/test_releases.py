@@ -213,6 +213,10 @@ def test_ledger_totals_every_release_of_an_input(files, tmp_path, capsys):
                         tmp_path / "p.json", "--ledger", book, "--quiet"], capsys)
     assert code == 0, err
     assert "has now spent epsilon 1 in 2 releases" in err, err
+    # the params release names the fit it came from (whose histogram is the fit's line)
+    fit_line, params_line = ledger.read(book)
+    assert params_line["params_release_id"] == fit_line["release_id"] == json.loads((tmp_path / "p.json").read_text())[
+        "release_id"]
     code, _, err = run(["privatize", d / "day2.csv", "-o", tmp_path / "o2.csv", *common, "--mechanism", "gaussian",
                         "--epsilon", "0.5", "--delta", "1e-6", "--quiet"], capsys)
     assert code == 0, err
@@ -526,6 +530,8 @@ def test_a_release_whose_outputs_fail_after_the_ledger_append_is_taken_out_again
     ("epsilon", "x", "epsilon must be a finite number"),
     ("label_column", KeyError, "label_column must be a string or null"),  # the field left out
     ("rows", "many", "rows must be an integer"),
+    ("pending", "yes", "pending must be true or false"),
+    ("run", 7, "run must be a string"),
 ])
 def test_a_damaged_ledger_record_is_named_and_never_bypasses_the_budget(files, tmp_path, capsys, field, value,
                                                                         problem):
@@ -797,6 +803,82 @@ STOPPED_AFTER_DRAWS = {
         SIGNAL_DURING_CHARGE, ["privatize", "{src}", "--mechanism", "rpwithprior", "--epsilon", "1"],
         "SIGINT", 130, 0.1),
 }
+
+
+# the CLI in a process of its own that dies outright (os._exit runs no handler, no finally: as SIGKILL or the
+# kernel's OOM killer would) right after its first private draw that later work reads
+KILLED_AFTER_FIRST_DRAW = """
+import os, sys
+from rpwjax import cli, noise
+made = noise.BitStream.__init__
+def killed(self, *args, **kwargs):
+    made(self, *args, **kwargs)
+    os._exit(137)
+noise.BitStream.__init__ = killed
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+# a command whose first draw feeds later work: (its argv, the ε it claims)
+KILLED_RUNS = {
+    "fit": (["fit", "--labels", "{src}", "--mechanism", "rpwithprior", "--epsilon", "1"], 0.1),
+    "privatize": (["privatize", "{src}", "-o", "{out}", "--mechanism", "rpwithprior", "--epsilon", "1", "--quiet"],
+                  1.0),
+    "privatize-table": (["privatize-table", "{src}", "-o", "{out}", "--pipeline", "auto", "--epsilon", "2",
+                         "--quiet"], 2.0),
+}
+
+
+@pytest.mark.parametrize("case", slow_unless(list(KILLED_RUNS), fast=["fit"]))
+def test_a_run_killed_outright_after_its_first_draw_is_charged_its_claim(files, tmp_path, capsys, case):
+    """A run killed outright runs nothing afterwards, so before its first draw that later work reads it appends a
+    pending line with its claim: a killed run leaves that line, counted at the claim and shown as not finished,
+    and no outputs. Its rerun under the same key and release id (the same draws) counts once; a finished run's
+    last line resolves its own pending line, which the totals and ``ledger.read`` then leave out."""
+    argv, claim = KILLED_RUNS[case]
+    d, a, _ = files
+    src = write_table(tmp_path / "y.csv", a[:2000], x=a[2000:4000])
+    out, book = tmp_path / "o.csv", tmp_path / "book.jsonl"
+    argv = [str(v).format(src=src, out=out) for v in argv]
+    common = ["--label-column", "y", "--range", LO, HI, "--key-file", d / "key", "--ledger", book]
+    proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_FIRST_DRAW, *map(str, argv + common)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 137, proc.stderr
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("o.csv")]
+    (line,) = ledger.read(book, every_line=True)
+    assert line["pending"] is True and line["rows"] is None and line["epsilon"] == pytest.approx(claim, rel=1e-12)
+    (group,) = ledger.summaries(ledger.read(book))
+    assert group["epsilon_total"] == pytest.approx(claim, rel=1e-12) and group["releases"][0]["pending"]
+    code, report, _ = run(["ledger", "--ledger", book], capsys)
+    assert code == 0 and "did not finish" in report, report
+    # the same release again: the same draws, one release at the claim, now finished
+    code, _, err = run([*argv, *common, "--release-id", line["release_id"]], capsys)
+    assert code == 0, err
+    lines = ledger.read(book, every_line=True)
+    assert [bool(r.get("pending")) for r in lines] == [True, True, False]
+    assert lines[1]["run"] == lines[2]["run"] != lines[0]["run"]
+    assert len(ledger.read(book)) == 2  # its own pending line resolved; the killed run's stays, as the same release
+    (group,) = ledger.summaries(ledger.read(book))
+    assert len(group["releases"]) == 1 and not group["releases"][0]["pending"]
+    assert group["epsilon_total"] == pytest.approx(claim, rel=1e-12)
+
+
+def test_a_budget_spent_meanwhile_refuses_the_pending_line_before_any_draw(files, tmp_path, capsys, monkeypatch):
+    """The pending line is checked like the release: a --budget that another run used up between this run's
+    check and its first draw refuses the run there, before anything is drawn or charged."""
+    d, a, _ = files
+    src = write_table(tmp_path / "y.csv", a[:2000])
+    book = tmp_path / "book.jsonl"
+    common = ["--labels", src, "--label-column", "y", "--range", LO, HI, "--key-file", d / "key", "--ledger", book,
+              "--mechanism", "rpwithprior"]
+    code, _, err = run(["fit", *common, "--epsilon", "1"], capsys)  # spends 0.1
+    assert code == 0, err
+    before = ledger.read(book, every_line=True)
+    monkeypatch.setattr(ledger, "precheck", lambda *_, **__: None)  # as if the other run came after the check
+    drawn = []
+    monkeypatch.setattr(rpwjax.noise.BitStream, "bits", lambda self, k: drawn.append(k))
+    code, _, err = run(["fit", *common, "--epsilon", "1", "--budget", "0.15"], capsys)
+    assert code == 2 and "--budget 0.15" in err and "charged" not in err, err
+    assert drawn == [] and ledger.read(book, every_line=True) == before
 
 
 @pytest.mark.parametrize("case", list(STOPPED_AFTER_DRAWS))
