@@ -121,16 +121,19 @@ def _add_fit_options(p: argparse.ArgumentParser, *, many_epsilons: bool, require
     p.add_argument("--clip", action="store_true", help="clip labels outside the range instead of refusing them")
 
 
-def _add_secret_options(p: argparse.ArgumentParser, what: str):
+def _add_secret_options(p: argparse.ArgumentParser, what: str, shards: bool = False):
+    offset = " and --row-offset" if shards else ""
     p.add_argument("--key-file", default=None,
-                   help=f"256-bit secret from `rpwjax keygen` for the {what} (default: fresh OS entropy); "
-                        "the same key file and row offsets reproduce the output bit for bit")
+                   help=f"256-bit secret from `rpwjax keygen` for the {what} (default: fresh OS entropy); each run "
+                        f"is a new release with a fresh --release-id: the same key file with a release's id{offset} "
+                        "reproduces that release bit for bit")
     p.add_argument("--seed", type=int, default=None,
                    help="EXPERIMENTS ONLY: an integer seed instead of a secret (guessable; the sidecar says "
                         "\"reproducible_seed\": true, not for production)")
     p.add_argument("--release-id", default=None, metavar="ID",
-                   help="reproduce the release with this id (from its sidecar or params), or privatize another shard "
-                        "of it (other rows, --row-offset); default: a fresh 128-bit id, so that no two releases share "
+                   help="reproduce the release with this id (from its sidecar or params"
+                        + ("), or privatize another shard of it (other rows, --row-offset)" if shards else
+                           ", and its --key-file)") + "; default: a fresh 128-bit id, so that no two releases share "
                         "randomness")
     p.add_argument("--ledger", default=None, metavar="FILE",
                    help="the release ledger to append to (default: KEYFILE.ledger.jsonl beside --key-file, else "
@@ -389,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output .csv or .parquet (OUTPUT.json gets the parameters)")
     p.add_argument("--label-column", required=True)
     _add_encoding_option(p)
-    _add_secret_options(p, "release (and the histogram when fitting inline)")
+    _add_secret_options(p, "release (and the histogram when fitting inline)", shards=True)
     p.add_argument("--prior-is-public", action="store_true",
                    help="with --prior empirical (or a params file fitted on one): the user vouches that the labels' "
                         "empirical distribution is public; without it such a release is refused")
@@ -530,10 +533,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser("reproduce", help="regenerate every committed sweep into plots/, replacing its files there "
-                       "(about 2 hours on 2 cores)")
+                       "(51 jobs, about 20 hours on 2 cores; per-job times in plots/logs/times.txt)")
     p.add_argument("--out", default="plots", help="the folder of figures and their tidy CSVs (default plots)")
     p.add_argument("--only", nargs="+", default=None, metavar="JOB",
-                   help="run only these jobs (names as in plots/logs/times.txt); the report is redrawn either way")
+                   help="run only these jobs, e.g. crime, beyond-california, auto-split-1-crime (an unknown name is "
+                        "refused with the list of all 51); the report is redrawn either way")
     p.add_argument("--report-only", action="store_true",
                    help="only redraw the verdict, the beyond-the-paper figures and the target table from the committed "
                         "rows (replacing those files in --out)")

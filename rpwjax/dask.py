@@ -11,19 +11,24 @@ Requires the optional ``dask[dataframe]`` dependency (``pip install 'rpwjax[dask
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from rpwjax import certify
 from rpwjax.errors import InputError, check_labels
 from rpwjax.keys import Secret
-from rpwjax.mechanisms.base import Mechanism
-from rpwjax.privatize import release_secret
+from rpwjax.privatize import load_release_params, release_secret
 from rpwjax.release_path import release
 
 
-def privatize_dataframe(frame, *, label_column: str, params: Mechanism, secret: Secret, clip: bool = False,
-                        release_id: str | None = None):
+def privatize_dataframe(frame, *, label_column: str, params, secret: Secret, clip: bool = False,
+                        release_id: str | None = None, prior_is_public: bool = False):
     """A new Dask DataFrame whose ``label_column`` holds private labels (float64); other columns untouched.
+
+    ``params``: the saved fit's file (``rpwjax fit --save params.json``), verified and refitted as
+    ``rpwjax privatize --params`` does (:func:`rpwjax.privatize.load_release_params`; ``prior_is_public`` as
+    its ``--prior-is-public``), or fitted parameters (a :class:`~rpwjax.mechanisms.base.Mechanism`).
 
     Partition lengths are computed first (one pass) to give every partition
     its global row offset; the privatization itself is lazy like any
@@ -36,6 +41,10 @@ def privatize_dataframe(frame, *, label_column: str, params: Mechanism, secret: 
     """
     if not isinstance(secret, Secret):
         raise InputError(f"secret must be an rpwjax.keys.Secret (Secret.from_file(KEYFILE)), got {type(secret).__name__}")
+    if isinstance(params, (str, os.PathLike)):
+        params = load_release_params(params, prior_is_public=prior_is_public)[0]
+    elif prior_is_public:
+        raise InputError("prior_is_public does nothing with fitted parameters: it is for a saved fit's file")
     key = release_secret(secret, release_id, label_column=label_column)
     if label_column not in frame.columns:
         raise InputError(f"label column {label_column!r} not found; columns are {list(frame.columns)}")
