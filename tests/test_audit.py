@@ -638,7 +638,8 @@ def _two_stage_on_levels(x, y, secret, levels):
     return run.labels, 1  # sets certified besides part B's levels': stage 1's
 
 
-@pytest.mark.parametrize("pipeline", [_linear_prior_on_levels, _two_stage_on_levels], ids=["linear-prior", "two-stage"])
+@pytest.mark.parametrize("pipeline", [_linear_prior_on_levels, _two_stage_on_levels],
+                         ids=["linear-prior", "two-stage"])
 def test_a_per_row_release_at_a_large_epsilon_certifies_one_set_per_level(pipeline, monkeypatch):
     """At a large ε (30; two-stage's ε₂ 14.4) no closed-form bound certifies RPWithPrior's per-row intervals, so
     every distinct parameter set gets the realized check: the per-row pipelines round their centres (linear-prior's model, two-stage's

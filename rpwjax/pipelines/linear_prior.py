@@ -114,7 +114,8 @@ def release_around(prior: LinearResidualPrior, labels, lo, hi, eps2, secret: Sec
 
 def release_on_levels(priors_at, centres, labels, lo, hi, zeta, eps2, secret: Secret, levels: int, *,
                       accounting: Accounting | None = None):
-    """Per-row RPWithPrior with each row's centre rounded to ``levels`` + 1 public levels: ``(denoised, params, outputs)``.
+    """Per-row RPWithPrior, each row's centre rounded to ``levels`` + 1 public levels: ``(denoised, params,
+    outputs)``.
 
     ``priors_at(level_centres)`` gives the batched prior of each distinct level (post-processing of the
     centres); a row's prior, interval and certificate are its level's, so the interval search and the
