@@ -22,11 +22,11 @@ overcharge, never an undercharge). A stop (:mod:`rpwjax.interrupts`) may read
 the notes from a signal handler on the very thread that is noting one, so
 reading takes no lock, only a copy of the notes made in one step.
 
-A block may also ask to hear of its first draw that later work reads before
-that draw is made (``collecting(first_read=...)``): the run then writes a
-line to its ledger first, so that a run killed outright afterwards (SIGKILL,
-the kernel's OOM killer, a crash), which runs no code of its own, is still
-charged.
+A block may also ask to hear of its first draw before that draw is made
+(``collecting(first_read=...)``): the run then writes a line to its ledger
+first, so that a run killed outright afterwards (SIGKILL, the kernel's OOM
+killer, a crash), which runs no code of its own, is still charged, whatever
+its draws had reached (a statistic, or a part file of released labels).
 """
 
 from __future__ import annotations
@@ -37,21 +37,23 @@ import threading
 
 _lock = threading.Lock()
 _collectors: dict[int, dict] = {}  # id of a collecting block -> {identity: (epsilon, delta, to_output)}
-_first_read: dict[int, object] = {}  # id of a collecting block -> its hook, until a draw read later is noted
+_first_read: dict[int, tuple] = {}  # id of a collecting block -> (its hook, its thread), until the hook is done
 
 
 @contextlib.contextmanager
 def collecting(first_read=None):
     """A block whose draws are collected: yields the dict of ``identity -> (ε, δ, to_output)`` they fill.
 
-    ``first_read()``, if given, is called once, before the block's first draw that later work reads is noted
-    or made (on the thread that draws it): the run's write-ahead ledger line
-    (:meth:`rpwjax.release_run.ReleaseRun.charged`). An exception from it stops that draw."""
+    ``first_read()``, if given, is called before the block's first draw is noted or made (on the thread that
+    draws it), and again before later draws until it returns True: the run's write-ahead ledger line
+    (:meth:`rpwjax.release_run.ReleaseRun.charged`). An exception from it stops that draw when the draw is on
+    the block's own thread; a draw on another thread (maybe another run's, in the same process) goes on, and
+    the hook is tried again at the next draw."""
     draws: dict = {}
     with _lock:
         _collectors[id(draws)] = draws
         if first_read is not None:
-            _first_read[id(draws)] = first_read
+            _first_read[id(draws)] = (first_read, threading.get_ident())
     try:
         yield draws
     finally:
@@ -71,11 +73,17 @@ def note(identity: bytes, epsilon: float, delta: float = 0.0, *, to_output: bool
     epsilon, delta = float(epsilon), float(delta)
     if not (math.isfinite(epsilon) and epsilon >= 0 and 0 <= delta <= 1):
         raise ValueError(f"a draw costs a finite epsilon >= 0 and a delta in [0, 1], got {epsilon!r}, {delta!r}")
-    if not to_output:
-        with _lock:
-            hooks = list(_first_read.items())
-        for key, hook in hooks:  # outside the lock: a hook writes a file, and may raise (then nothing is drawn)
-            hook()
+    with _lock:
+        hooks = list(_first_read.items())
+    me = threading.get_ident()
+    for key, (hook, owner) in hooks:  # outside the lock: a hook writes a file, and may raise (then nothing is drawn)
+        try:
+            done = hook()
+        except Exception:
+            if me == owner:
+                raise
+            continue  # another block's refusal is its own: tried again at the next draw
+        if done:
             with _lock:
                 _first_read.pop(key, None)
     with _lock:

@@ -4,7 +4,7 @@ A release is private on its own; two releases of the same labels spend the
 sum of their ε (basic composition), and only a record that outlives a run
 can show that sum. Every ``rpwjax fit``, ``privatize`` and ``privatize-table``
 appends one JSON line to a ledger file (and a pending line before its first
-draw that later work reads; see below): the release id, the time, the input
+draw; see below): the release id, the time, the input
 (its name, size and SHA-256 of its bytes), the label column, the rows and
 row offset, the mechanism or pipeline, ε and δ, a digest of the settings,
 and a fingerprint of the secret that reveals nothing about it
@@ -24,13 +24,14 @@ run that failed after a private draw has a line marked ``"failed": true``
 with what its draws spent (:mod:`rpwjax.release_run`); a release id counts at
 the largest ε and δ of its lines.
 
-Before its first private draw that later work reads (a histogram, a
-statistic), a run appends a line marked ``"pending": true`` with its claimed
-ε and its ``run`` token, and its last line (the release, or the failure's
-charge) carries the same token. A pending line that no later line of its run
-resolves is a run that was killed outright (SIGKILL, the kernel's OOM killer,
-a crash) or is still running: it counts at its claim. :func:`read` leaves
-out the pending lines already resolved. A
+Before its first private draw, a run appends a line marked ``"pending":
+true`` with its claimed ε and δ and its ``run`` token, and its last line (the
+release, or the failure's charge) carries the same token; a run that fails
+with nothing of its draws left takes its pending line out. A pending line
+that no later line of its run resolves is a run that was killed outright
+(SIGKILL, the kernel's OOM killer, a crash) or is still running: it counts at
+its claim, and over at least its first row for the reuse refusal below.
+:func:`read` leaves out the pending lines already resolved. A
 release id reused on the same input with other settings or rows, or on other
 input over rows it already covered, is refused: it would reuse randomness.
 
@@ -202,10 +203,19 @@ def _check_same_output(earlier: dict, record: dict):
             "would release with the same randomness; nothing was written. Drop --release-id for a new release")
 
 
+def _covered(record: dict) -> int | None:
+    """The rows a line covers from its offset: its rows; a pending line's (a run that may have released some
+    rows before it was killed), at least its first row; None before the rows are known (the pre-check)."""
+    if record["rows"] is None:
+        return 1 if record.get("pending") else None
+    return record["rows"]
+
+
 def _overlap(a: dict, b: dict) -> bool:
-    if a["rows"] is None or b["rows"] is None:
+    rows_a, rows_b = _covered(a), _covered(b)
+    if rows_a is None or rows_b is None:
         return False  # rows not read yet (the pre-check): the commit, which knows them, decides
-    return a["row_offset"] < b["row_offset"] + b["rows"] and b["row_offset"] < a["row_offset"] + a["rows"]
+    return a["row_offset"] < b["row_offset"] + rows_b and b["row_offset"] < a["row_offset"] + rows_a
 
 
 def _is_record(value) -> bool:
@@ -310,9 +320,13 @@ def summaries(records) -> list[dict]:
         same = next((q for q in g["releases"] if q["release_id"] == r["release_id"]), None)
         if same is None:
             g["releases"].append(entry)
-        else:  # the release as its first line that left the program shows it, at the largest ε and δ of its lines
+        else:  # shown as its first line that left the program, else as its line of the largest ε; counted at
+            # the largest ε and δ of its lines
             partial = lambda q: q["failed"] or q["pending"]  # noqa: E731
-            shown = entry if partial(same) and not partial(entry) else dict(same)
+            if partial(same) and (not partial(entry) or entry["epsilon"] > same["epsilon"]):
+                shown = entry
+            else:
+                shown = dict(same)
             same.update(shown, epsilon=max(same["epsilon"], entry["epsilon"]),
                         delta=max(same["delta"], entry["delta"]))
     for g in groups.values():
@@ -405,9 +419,26 @@ def _locked(path: Path, *, create: bool = True, wait: bool = True, patience: flo
         else:
             raise InputError(f"ledger {str(path)!r} stayed locked (by another run, or by this one when it was "
                              f"stopped) for {patience:g} s")
+        if not _still_there(fd, path):  # removed while we waited (retract of its only line): open it again
+            os.close(fd)
+            fd = None
+            with _locked(path, create=create, wait=wait, patience=patience) as again:
+                yield again
+            return
         yield fd
     finally:
-        os.close(fd)  # closing releases the lock
+        if fd is not None:
+            os.close(fd)  # closing releases the lock
+
+
+def _still_there(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open at ``fd`` (:func:`retract` removes a ledger it leaves empty)."""
+    try:
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    there = os.fstat(fd)
+    return (here.st_ino, here.st_dev) == (there.st_ino, there.st_dev)
 
 
 def _check_creatable(path: Path):
@@ -460,12 +491,13 @@ def commit(path, record: dict, budget=None, *, wait: bool = True, patience: floa
     return dict(status, line=line)
 
 
-def retract(path, line: bytes):
+def retract(path, line: bytes, *, wait: bool = True, patience: float = 1.0):
     """Remove the last copy of ``line``, which :func:`commit` appended for a release whose outputs could not be
-    put in place after all: the ledger records only releases that left the program. Under the ledger's lock,
-    so that lines other runs appended since stay as they are."""
+    put in place after all (or a pending line of a run that failed with nothing of its draws left): the ledger
+    records only releases that left the program. Under the ledger's lock, so that lines other runs appended
+    since stay as they are. ``wait``, ``patience``: see :func:`_locked`."""
     path = Path(path)
-    with _locked(path, create=False) as fd:
+    with _locked(path, create=False, wait=wait, patience=patience) as fd:
         if fd is None:
             return
         data = os.pread(fd, os.fstat(fd).st_size, 0)
@@ -473,6 +505,9 @@ def retract(path, line: bytes):
         if at < 0:
             return
         rest = data[at + len(line):]
+        if at == 0 and not rest:  # its only line: no ledger was there before it (runs that wait reopen: _locked)
+            os.unlink(path)
+            return
         os.ftruncate(fd, at)
         os.write(fd, rest)  # O_APPEND: at the new end, where the line was
         os.fsync(fd)

@@ -35,6 +35,7 @@ from rpwjax.accounting import Accounting
 from rpwjax.api import (DEFAULT_PRIOR_FRACTION, MECHANISMS, FitOptions, histogram_epsilons, load_params,
                         prior_from_record, records_total)
 from rpwjax.audit.verify import PUBLIC_PRIOR_KINDS, check_record, verified_release
+from rpwjax.mechanisms.additive import GAUSSIAN_DEFAULT_DELTA
 from rpwjax.mechanisms.base import Mechanism
 from rpwjax.errors import InputError, check_epsilon, check_integer, check_label_rows, check_range
 from rpwjax.io import writers
@@ -569,7 +570,10 @@ def _inline_release(input_path, options: FitOptions, run: ReleaseRun, prior_is_p
     if prior_is_public and options.prior != "empirical":
         raise InputError("--prior-is-public does nothing without --prior empirical")
     lo, hi = check_range(*options.range)
-    run.start(float(options.epsilon), mechanism=options.mechanism)  # delta (Gaussian) is the fit's, set below
+    # the claim's delta (Gaussian) as planned, before any draw (the pending line carries it); the fit's, set below
+    planned_delta = 0.0 if options.mechanism != "gaussian" else float(
+        GAUSSIAN_DEFAULT_DELTA if options.delta is None else options.delta)
+    run.start(float(options.epsilon), planned_delta, mechanism=options.mechanism)
     source = TableSource(input_path, label_column, encoding=encoding)
     with progress_bar(source, "read labels", enabled=progress) as bar:
         labels = read_labels(input_path, label_column, encoding=encoding, check=(lo, hi, options.clip), bar=bar)

@@ -6,9 +6,10 @@ checked before any work and appended just before the outputs appear. A run
 that fails (an error, or SIGINT/SIGTERM) after a private draw that later work
 reads (a statistic, a histogram, a pipeline's first release) is charged what
 its draws spent (:meth:`ReleaseRun.charged`): its error, its message and the
-progress shown so far can depend on what it drew. Before that first draw the
+progress shown so far can depend on what it drew. Before its first draw the
 run writes a pending line with its claim, so that a run killed outright
-afterwards is charged too.
+afterwards (its statistics shown, or a part file of released labels left on
+disk) is charged too.
 """
 
 from __future__ import annotations
@@ -136,9 +137,9 @@ class ReleaseRun:
         append, after a concurrent run, is charged like any failure).
 
         A run killed outright (SIGKILL, the kernel's OOM killer, a crash) runs nothing afterwards: so before
-        its first draw that later work reads, the run appends a pending line (:meth:`_write_pending`) with
-        its claim, which its last line (the release, or the failure's charge) resolves. One the run never
-        resolved counts at the claim (:mod:`rpwjax.ledger`)."""
+        its first draw, the run appends a pending line (:meth:`_write_pending`) with its claim, which its last
+        line (the release, or the failure's charge) resolves; a failure that is not charged takes it out
+        again. One the run never resolved counts at the claim (:mod:`rpwjax.ledger`)."""
         with draws.collecting(first_read=self._write_pending) as made:
             take_off = interrupts.on_stop(lambda: self._charge_failure(made, stopping=True))
             try:
@@ -164,8 +165,15 @@ class ReleaseRun:
         that comes while the line is written waits for it, and then prints the line that says so."""
         if self._charge_line is not None:
             return None if self._said else self._charge_line
-        if self._appended is not None or (self._pending is None and not draws.read_later(made)):
-            return None  # the release is in; or nothing drawn that the failure could reflect, and nothing pending
+        if self._appended is not None:
+            return None  # the release is in
+        if not draws.read_later(made):  # nothing drawn that the failure could reflect, nor left (its outputs are gone)
+            if self._pending is not None:
+                with contextlib.suppress(OSError, InputError):  # a pending line left in overcharges, never under
+                    ledger.retract(self.ledger, self._pending, wait=False,
+                                   patience=1.0 if stopping else CHARGE_PATIENCE)
+                self._pending = None
+            return None
         claim = None if self.record is None else self.record["epsilon"]
         epsilon, delta = draws.spent(made, claim)
         base = self.record or ledger.new_record(release_id=self.release_id, rows=None, epsilon=0.0, delta=0.0,
@@ -191,22 +199,32 @@ class ReleaseRun:
                 with interrupts.held():
                     append()
         except (OSError, InputError) as err:
+            if self._pending is not None:  # its pending line stays: the run counts at its claim, no less
+                return (f"warning: ledger {str(self.ledger)}: this run failed after drawing private values (epsilon "
+                        f"{epsilon:g}), and its line could not be written ({err}); its pending line charges it the "
+                        f"claim, epsilon {self.record['epsilon']:g} (release {self.release_id})")
             return (f"warning: ledger {str(self.ledger)}: this run failed after drawing private values (epsilon "
                     f"{epsilon:g}) and could not be charged ({err}); add it to the input's total yourself")
         return self._charge_line
 
-    def _write_pending(self):
-        """Append the pending line (the claim, no rows, ``"pending": true``), once, before the run's first draw
-        that later work reads (:func:`rpwjax.draws.collecting`). It is checked like the release (a reused id,
-        ``--budget``, which a concurrent run may have moved since :meth:`start`): a refusal stops the run before
-        that draw. A signal meanwhile waits until the line is in."""
-        if self._pending is not None or self.record is None:
-            return
+    def _write_pending(self) -> bool:
+        """Append the pending line (the claim, no rows, ``"pending": true``) before the run's first draw
+        (:func:`rpwjax.draws.collecting`); True once it is in (False before :meth:`start`, when the claim is
+        not known: a draw then, on another thread of the process, is another run's). It is checked like the
+        release (a reused id, ``--budget``, which a concurrent run may have moved since :meth:`start`): a
+        refusal stops the run before that draw. A signal meanwhile waits until the line is in; a ledger that
+        another run holds for longer than ``CHARGE_PATIENCE`` is an error (nothing drawn)."""
+        if self._pending is not None:
+            return True
+        if self.record is None:
+            return False
         record = dict(self.record, rows=None, pending=True)
         for key in ("accounting", "released_sha256"):
             record.pop(key, None)
         with interrupts.held():
-            self._pending = ledger.commit(self.ledger, record, self.budget)["line"]
+            self._pending = ledger.commit(self.ledger, record, self.budget, wait=False,
+                                          patience=CHARGE_PATIENCE)["line"]
+        return True
 
     def start(self, epsilon: float, delta: float = 0.0, **extra) -> "ReleaseRun":
         self.record = ledger.new_record(release_id=self.release_id, rows=None, epsilon=epsilon, delta=delta,

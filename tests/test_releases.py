@@ -424,9 +424,10 @@ def test_a_reproduction_that_releases_other_values_is_refused(files, tmp_path, c
     np.testing.assert_array_equal(first, again)
     assert len(ledger.read(book)) == 2 and ledger.summaries(ledger.read(book))[0]["epsilon_total"] == 1.0
     # the recorded release put out other values (as an earlier version of the program would have)
-    lines = book.read_text().splitlines()
-    changed = dict(json.loads(lines[0]), released_sha256="0" * 64)
-    book.write_text("\n".join([json.dumps(changed, sort_keys=True), *lines[1:]]) + "\n")
+    lines = book.read_text().splitlines()  # each run's pending line, then its release
+    assert [bool(json.loads(line).get("pending")) for line in lines] == [True, False, True, False]
+    changed = dict(json.loads(lines[1]), released_sha256="0" * 64)
+    book.write_text("\n".join([lines[0], json.dumps(changed, sort_keys=True), *lines[2:]]) + "\n")
     code, _, err = run(["privatize", d / "day1.csv", "-o", tmp_path / "c.csv", "--label-column", "y", "--range", LO,
                         HI, "--key-file", d / "key", "--quiet", *args, "--release-id", rid], capsys)
     assert code == 2 and "other released values" in err and "nothing was written" in err, err
@@ -466,9 +467,10 @@ SIGNAL_AFTER_APPEND = """
 import os, signal, sys
 from rpwjax import cli, ledger
 append = ledger.commit
-def commit(*args, **kwargs):
-    status = append(*args, **kwargs)
-    os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL"]))
+def commit(path, record, *args, **kwargs):
+    status = append(path, record, *args, **kwargs)
+    if not record.get("pending"):  # the release's own line, not the pending line before its first draw
+        os.kill(os.getpid(), getattr(signal, os.environ["SIGNAL"]))
     return status
 ledger.commit = commit
 sys.exit(cli.main(sys.argv[1:]))
@@ -540,7 +542,7 @@ def test_a_damaged_ledger_record_is_named_and_never_bypasses_the_budget(files, t
     book = tmp_path / "book.jsonl"
     args = ["--mechanism", "laplace", "--epsilon", "1", "--ledger", book]
     privatize(capsys, src, tmp_path / "first.csv", d / "key", *args)
-    record = dict(json.loads(book.read_text()), **{field: value})
+    record = dict(json.loads(book.read_text().splitlines()[-1]), **{field: value})  # its release (after its pending)
     if value is KeyError:
         del record[field]
     book.write_text(json.dumps(record) + "\n")
@@ -757,7 +759,7 @@ def test_failures_that_cannot_reflect_a_draw_are_not_charged(files, tmp_path, ca
     code, _, err = run(["privatize", src, "-o", tmp_path / "p.csv", "--mechanism", "laplace", "--epsilon", "1",
                         *common], capsys)
     assert code != 0 and "no space left" in err and "charged" not in err, err
-    assert ledger.read(book) == []  # its line was appended, then taken out again
+    assert ledger.read(book, every_line=True) == []  # its pending line and its line were appended, then taken out
 
 
 # the CLI in a process of its own, stopped by a signal right after its private statistics, before its release
@@ -806,25 +808,34 @@ STOPPED_AFTER_DRAWS = {
 
 
 # the CLI in a process of its own that dies outright (os._exit runs no handler, no finally: as SIGKILL or the
-# kernel's OOM killer would) right after its first private draw that later work reads
+# kernel's OOM killer would) right after its first private draw: a noise stream, or a file release's first chunk
 KILLED_AFTER_FIRST_DRAW = """
 import os, sys
-from rpwjax import cli, noise
-made = noise.BitStream.__init__
+from rpwjax import cli, noise, privatize
+made, released = noise.BitStream.__init__, privatize.release
 def killed(self, *args, **kwargs):
     made(self, *args, **kwargs)
     os._exit(137)
-noise.BitStream.__init__ = killed
+def killed_release(*args, **kwargs):
+    released(*args, **kwargs)
+    os._exit(137)
+noise.BitStream.__init__, privatize.release = killed, killed_release
 sys.exit(cli.main(sys.argv[1:]))
 """
 
-# a command whose first draw feeds later work: (its argv, the ε it claims)
+# a command killed after its first draw: (its argv, the ε and δ it claims)
 KILLED_RUNS = {
-    "fit": (["fit", "--labels", "{src}", "--mechanism", "rpwithprior", "--epsilon", "1"], 0.1),
+    "fit": (["fit", "--labels", "{src}", "--mechanism", "rpwithprior", "--epsilon", "1"], 0.1, 0.0),
     "privatize": (["privatize", "{src}", "-o", "{out}", "--mechanism", "rpwithprior", "--epsilon", "1", "--quiet"],
-                  1.0),
+                  1.0, 0.0),
+    # its first draw is the file release's first chunk, whose values were on their way into the part file
+    "privatize --params": (["privatize", "{src}", "-o", "{out}", "--params", "{params}", "--chunk-rows", "500",
+                            "--quiet"], None, 0.0),
+    # the histogram of its posterior first: the claim's delta is the Gaussian's, planned before any draw
+    "privatize gaussian": (["privatize", "{src}", "-o", "{out}", "--mechanism", "gaussian", "--epsilon", "1",
+                            "--delta", "1e-6", "--denoise", "posterior", "--quiet"], 1.0, 1e-6),
     "privatize-table": (["privatize-table", "{src}", "-o", "{out}", "--pipeline", "auto", "--epsilon", "2",
-                         "--quiet"], 2.0),
+                         "--quiet"], 2.0, 0.0),
 }
 
 
@@ -834,18 +845,26 @@ def test_a_run_killed_outright_after_its_first_draw_is_charged_its_claim(files, 
     pending line with its claim: a killed run leaves that line, counted at the claim and shown as not finished,
     and no outputs. Its rerun under the same key and release id (the same draws) counts once; a finished run's
     last line resolves its own pending line, which the totals and ``ledger.read`` then leave out."""
-    argv, claim = KILLED_RUNS[case]
+    argv, claim, delta = KILLED_RUNS[case]
     d, a, _ = files
     src = write_table(tmp_path / "y.csv", a[:2000], x=a[2000:4000])
-    out, book = tmp_path / "o.csv", tmp_path / "book.jsonl"
-    argv = [str(v).format(src=src, out=out) for v in argv]
-    common = ["--label-column", "y", "--range", LO, HI, "--key-file", d / "key", "--ledger", book]
+    out, book, params = tmp_path / "o.csv", tmp_path / "book.jsonl", tmp_path / "p.json"
+    if claim is None:  # a saved fit (of other labels): the release claims its epsilon_2
+        np.savetxt(tmp_path / "train.txt", a[4000:4500])
+        code, _, err = run(["fit", "--labels", tmp_path / "train.txt", "--range", LO, HI, "--mechanism", "laplace",
+                            "--epsilon", "1", "--save", params, "--ledger", tmp_path / "fits.jsonl"], capsys)
+        assert code == 0, err
+        claim = json.loads(params.read_text())["epsilon_mechanism"]
+    argv = [str(v).format(src=src, out=out, params=params) for v in argv]
+    common = ["--label-column", "y", "--key-file", d / "key", "--ledger", book]
+    common += [] if "--params" in argv else ["--range", LO, HI]
     proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_FIRST_DRAW, *map(str, argv + common)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 137, proc.stderr
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("o.csv")]
     (line,) = ledger.read(book, every_line=True)
     assert line["pending"] is True and line["rows"] is None and line["epsilon"] == pytest.approx(claim, rel=1e-12)
+    assert line["delta"] == delta
     (group,) = ledger.summaries(ledger.read(book))
     assert group["epsilon_total"] == pytest.approx(claim, rel=1e-12) and group["releases"][0]["pending"]
     code, report, _ = run(["ledger", "--ledger", book], capsys)
@@ -879,6 +898,72 @@ def test_a_budget_spent_meanwhile_refuses_the_pending_line_before_any_draw(files
     code, _, err = run(["fit", *common, "--epsilon", "1", "--budget", "0.15"], capsys)
     assert code == 2 and "--budget 0.15" in err and "charged" not in err, err
     assert drawn == [] and ledger.read(book, every_line=True) == before
+
+
+def test_a_killed_runs_release_id_is_refused_on_other_input_at_its_rows(files, tmp_path, capsys):
+    """A pending line holds at least its first row: the id of a run killed while writing its output (its part
+    file holds released labels from the first row on) is refused on another input at that offset."""
+    d, a, _ = files
+    src, other = write_table(tmp_path / "y.csv", a[:2000]), write_table(tmp_path / "z.csv", a[2000:3000])
+    book = tmp_path / "book.jsonl"
+    common = ["--label-column", "y", "--key-file", d / "key", "--ledger", book, "--range", LO, HI,
+              "--mechanism", "laplace", "--epsilon", "1", "--quiet"]
+    proc = subprocess.run([sys.executable, "-c", KILLED_AFTER_FIRST_DRAW, "privatize", str(src), "-o",
+                           str(tmp_path / "o.csv"), *map(str, common)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 137, proc.stderr
+    (line,) = ledger.read(book)
+    code, _, err = run(["privatize", other, "-o", tmp_path / "p.csv", *common, "--release-id", line["release_id"],
+                        "--row-offset", "0"], capsys)
+    assert code == 2 and "already used for rows 0 .. 0" in err, err
+    code, _, err = run(["privatize", other, "-o", tmp_path / "p.csv", *common, "--release-id", line["release_id"],
+                        "--row-offset", "2000"], capsys)  # another shard, past the killed run's first row
+    assert code == 0, err
+
+
+def test_a_draw_runs_every_blocks_hook_and_a_foreign_refusal_stays_with_its_block():
+    """Two runs in one process (threads): any draw first runs every block's hook (a draw cannot tell whose it
+    is: an overcharge, never an undercharge); a hook that is not done yet (its run not started) is tried again
+    at the next draw; a hook's refusal stops only a draw on its own block's thread."""
+    import threading
+
+    from rpwjax import draws
+
+    calls = []
+
+    def not_started():
+        calls.append("a")
+        return False
+
+    def refused():
+        calls.append("b")
+        raise rpwjax.InputError("block b's budget")
+
+    with draws.collecting(first_read=not_started) as made_a:
+        started = threading.Event()
+        finish = threading.Event()
+        errors = []
+
+        def block_b():
+            try:
+                with draws.collecting(first_read=refused):
+                    started.set()
+                    finish.wait(10)
+                    try:
+                        draws.note(b"b-draw", 1.0)
+                    except rpwjax.InputError as err:
+                        errors.append(str(err))
+            finally:
+                started.set()
+
+        worker = threading.Thread(target=block_b)
+        worker.start()
+        started.wait(10)
+        draws.note(b"a-draw", 0.5)  # on a's thread: b's refusal is b's, a's hook not done yet
+        assert calls == ["a", "b"] and b"a-draw" in made_a
+        finish.set()
+        worker.join(10)
+        assert errors == ["block b's budget"]  # on b's own thread it stops b's draw
+        assert calls[2:] == ["a", "b"]  # a's hook, not done, is tried again at the next draw
 
 
 @pytest.mark.parametrize("case", list(STOPPED_AFTER_DRAWS))

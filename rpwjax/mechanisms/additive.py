@@ -375,7 +375,10 @@ class Gaussian(_Additive):
         return params
 
 
-def fit_gaussian(prior, epsilon, *, delta=1e-5, calibration: str = "analytic"):
+GAUSSIAN_DEFAULT_DELTA = 1e-5  # the Gaussian mechanism's δ when none is given
+
+
+def fit_gaussian(prior, epsilon, *, delta=GAUSSIAN_DEFAULT_DELTA, calibration: str = "analytic"):
     """Gaussian noise calibrated to (ε, δ); the prior only supplies the public range.
 
     Args:
