@@ -189,7 +189,9 @@ def _indicator_name(column: str, taken: set) -> str:
 
 
 def choose_features(table: pa.Table, label_column: str, *, features=None, exclude=None):
-    """The features of ``table``: ``(matrix float32 (n, d), FeatureChoice)`` (see the module docstring).
+    """The features of ``table``: ``(matrix float32 (n, d), FeatureChoice)`` (see the module docstring); each
+    chosen column standardized in float64 before its float32 copy (:func:`_standardized32`), the missing-value
+    indicators 0/1.
 
     ``features``/``exclude``: column names (``--features``/``--exclude``). Reads the features only (public);
     the label column is never read here. Refuses a table with no feature left, naming what was left out.
@@ -245,7 +247,7 @@ def choose_features(table: pa.Table, label_column: str, *, features=None, exclud
                             "fill_value": fill, "indicator": indicator})
             indicators.append(missing)
         used.append(name)
-        columns.append(values.astype(np.float32))
+        columns.append(_standardized32(values))
         del values
     choice = FeatureChoice(tuple(used), tuple(left_out), tuple(imputed), chosen_by)
     if not columns:
@@ -256,6 +258,22 @@ def choose_features(table: pa.Table, label_column: str, *, features=None, exclud
     for j, col in enumerate(columns + indicators):
         matrix[:, j] = col
     return matrix, choice
+
+
+def _standardized32(values) -> np.ndarray:
+    """A feature column centred and scaled in float64 (mean 0, standard deviation 1; a constant column 0), then
+    float32: a column with a large offset (a timestamp) or magnitude (1e39) keeps its spread, which a float32
+    copy of its raw values would round away or overflow. Public features only. Scaled by the largest distance
+    from the median first, so that no square overflows float64."""
+    v = np.asarray(values, np.float64)
+    d = v - np.median(v)
+    top = float(np.max(np.abs(d)))
+    if not top > 0:
+        return np.zeros(v.shape, np.float32)
+    d = d / top
+    d -= d.mean()
+    scale = float(d.std())
+    return (d / scale if scale > 0 else d).astype(np.float32)
 
 
 def read_table(path, *, encoding=None, bar=None) -> pa.Table:

@@ -173,7 +173,9 @@ def test_load_table_csv_and_parquet(tmp_path):
     assert "city (not numeric (text))" in said and "gappy has 1 missing value(s)" in said
     # a feature with a gap is kept: the gap filled with the median of the observed values, plus an indicator
     assert isinstance(data, Dataset) and data.feature_names == ("x", "gappy", "gappy_missing")
-    np.testing.assert_array_equal(data.features, [[1, 3, 0], [2, 3.5, 1], [3, 4, 0]])
+    # each column standardized (in float64, then float32); the indicator 0/1
+    unit = lambda v: (np.asarray(v) - np.mean(v)) / np.std(v)  # noqa: E731
+    np.testing.assert_allclose(data.features, np.c_[unit([1, 2, 3]), unit([3, 3.5, 4]), [0, 1, 0]], atol=1e-6)
     np.testing.assert_array_equal(data.labels, [0.5, 0.25, 1.0])
     assert any("gappy" in note for note in data.notes) and any("city" in note for note in data.notes)
 
@@ -181,7 +183,32 @@ def test_load_table_csv_and_parquet(tmp_path):
     pq.write_table(pa.table({"x": [1.0, 2.0], "flag": [True, False], "y": [0.1, 0.9]}), parquet)
     data = load_table(parquet, "y", 0.0, 1.0)
     assert data.feature_names == ("x", "flag") and data.features.dtype == np.float32
-    np.testing.assert_array_equal(data.features, [[1, 1], [2, 0]])
+    np.testing.assert_allclose(data.features, [[-1, 1], [1, -1]], atol=1e-6)
+
+
+def test_a_users_table_keeps_features_with_a_large_offset_or_magnitude(tmp_path):
+    """Features are standardized in float64 before their float32 copy: a timestamp-like column (1.7e9 + a
+    spread of 100) keeps its distinct values, which float32 would round to a few, and a column near 1e39 (past
+    float32) stays finite."""
+    rng = np.random.default_rng(2)
+    u = rng.uniform(0, 100, 400)
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"t": 1.7e9 + u, "big": 1e39 * (1 + u / 100), "y": u / 20}), path)
+    data = load_table(path, "y", 0.0, 5.0)
+    assert data.features.dtype == np.float32 and np.isfinite(data.features).all()
+    assert np.unique(data.features[:, 0]).size > 390
+    np.testing.assert_allclose(data.features[:, 0], (u - u.mean()) / u.std(), atol=1e-4)
+    np.testing.assert_allclose(data.features[:, 1], (u - u.mean()) / u.std(), atol=1e-4)
+
+
+def test_a_users_table_is_never_named_as_a_bundled_data_set(tmp_path):
+    """A file named like a bundled data set loads under another name (``california-file``): its rows never pass
+    for the bundled set's in results.csv, nor take its paper config; a user's table trains on scaled labels."""
+    path = _write_csv(tmp_path / "california.csv", ["x", "y"], [(1, 0.5), (2, 0.25), (3, 1.0)])
+    data = load_table(path, "y", 0.0, 1.0)
+    assert data.name == "california-file" and data.scaled_targets
+    assert load_table(_write_csv(tmp_path / "mine.csv", ["x", "y"], [(1, 0.5), (2, 0.2)]), "y", 0, 1).name == "mine"
+    assert not load_dataset("crime").scaled_targets
 
 
 def test_load_table_errors_name_the_value(tmp_path):

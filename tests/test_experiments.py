@@ -382,3 +382,44 @@ def test_every_reproduce_job_replaces_the_committed_files(tmp_path):
     for job in JOBS:
         args = parser.parse_args(job.argv(tmp_path))
         assert args.command == "curves" and args.overwrite is True, job.name
+
+
+def test_a_users_table_far_from_zero_trains_on_labels_scaled_by_the_public_range(tmp_path):
+    """A user's labels on [2000, 2020] (years): the networks learn them mapped from the public range onto
+    [0, 1] and the test MSE is given back in the labels' units, so the non-private floor beats the range's
+    midpoint and the sweep tells the mechanisms apart (on raw labels every row sat near 4e6)."""
+    import pyarrow.parquet as pq
+
+    from rpwjax.experiments.datasets import load_table
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=1000)
+    y = np.clip(2010 + 3 * x + rng.normal(size=1000), 2000, 2020)
+    pq.write_table(pa.table({"x": x, "y": y}), tmp_path / "years.parquet")
+    split = train_test_split(load_table(tmp_path / "years.parquet", "y", 2000, 2020))
+    config = SweepConfig(mechanisms=("laplace",), epsilons=(8.0,), seeds=1, epochs=20)
+    rows = {r["mechanism"]: r["test_mse"] for r in run_sweep(split, config, progress=False)}
+    midpoint = float(np.mean((split.y_test - 2010) ** 2))
+    assert rows[NON_PRIVATE] < 0.3 * midpoint, (rows, midpoint)
+    assert rows["laplace"] < 0.5 * midpoint, (rows, midpoint)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(epsilons=(1.0, 1.0)), "--epsilon names 1.0 twice"),
+    (dict(mechanisms=("laplace", "laplace")), "--mechanisms names 'laplace' twice"),
+    (dict(prior="empirical", prior_epsilon=0.1), "--prior-epsilon 0.1 does nothing under --prior empirical"),
+])
+def test_a_sweep_refuses_options_that_would_duplicate_rows_or_do_nothing(options, message):
+    """A value given twice would write its rows twice (the summaries would count the copies as seeds); an option
+    that does nothing is refused, as fit and privatize refuse it."""
+    with pytest.raises(InputError, match=message):
+        SweepConfig(**options).validate()
+
+
+def test_an_output_folder_that_cannot_be_made_is_refused_before_any_work(tmp_path, capsys):
+    """--out under a file (or an unwritable folder) is refused before the data is read, naming the folder."""
+    (tmp_path / "plain").write_text("not a folder")
+    code = cli.main(["curves", "--dataset", "crime", "--mechanisms", "laplace", "--epsilon", "1", "--seeds", "1",
+                     "--epochs", "1", "--quiet", "--out", str(tmp_path / "plain" / "sweep")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is not a folder" in err and "plain" in err, err

@@ -177,8 +177,9 @@ def run_bench(plan_name: str, out_dir, *, cache_dir=None, families=None, repeats
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {str(out)!r} is a file: give a directory")
-    figures = [out / f"{family}.png" for family in (families or FAMILIES)] if plots else []
-    check_outputs([out / "results.json", *figures], overwrite=overwrite)
+    # every family's plot, not only this run's: an earlier run's set is replaced as a whole (run_plan removes
+    # the plots this run does not draw), so it needs --overwrite
+    check_outputs([out / "results.json", *(out / f"{family}.png" for family in FAMILIES)], overwrite=overwrite)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if cache.exists() and not cache.is_dir():
         raise InputError(f"--cache {str(cache)!r} is a file: give a directory (generated inputs are kept there)")
@@ -224,7 +225,8 @@ def run_plan(plan: Plan, out_dir, *, cache_dir=None, families=None, repeats=None
     results = _results(plan, cases, not_run, started, repeats, cache_dir, complete=True)
     families_drawn = plotted_families(cases) if plots else []
     figures = [out_dir / f"{family}.png" for family in families_drawn]
-    with atomic_outputs(path, *figures) as (tmp, *tmp_figures):
+    stale = [out_dir / f"{family}.png" for family in FAMILIES if family not in families_drawn]  # an earlier run's
+    with atomic_outputs(path, *figures, remove=stale) as (tmp, *tmp_figures):
         if plots:
             results["plots"] = plot_results(cases, out_dir, paths=dict(zip(families_drawn, tmp_figures)))
         _write(tmp, results)

@@ -87,6 +87,9 @@ class Dataset:
     hi: float
     feature_names: tuple[str, ...]
     notes: tuple[str, ...] = ()
+    # a user's table: its networks learn the labels mapped from the public [lo, hi] onto [0, 1] (any range
+    # trains alike); the bundled sets keep the paper's protocol, raw labels
+    scaled_targets: bool = False
 
     @property
     def n(self) -> int:
@@ -113,9 +116,11 @@ class Split:
     train_index: np.ndarray  # rows of the dataset in x_train, in order
     test_index: np.ndarray
     split_seed: int = 0  # the seed of train_test_split (a validation split keeps its split's: it re-splits those rows)
+    scaled_targets: bool = False  # the dataset's (see Dataset)
 
 
-def _make_dataset(name, features, labels, lo, hi, feature_names, notes=(), clip=False, label_name="labels"):
+def _make_dataset(name, features, labels, lo, hi, feature_names, notes=(), clip=False, label_name="labels",
+                  scaled_targets=False):
     lo, hi = check_range(lo, hi)
     labels = check_labels(labels, lo, hi, clip=clip, name=label_name)
     features = np.ascontiguousarray(features, dtype=np.float32)
@@ -123,7 +128,7 @@ def _make_dataset(name, features, labels, lo, hi, feature_names, notes=(), clip=
         raise InputError(f"features must have shape (n, d) with n = {labels.shape[0]} labels, got {features.shape}")
     for arr in (features, labels):
         arr.setflags(write=False)
-    return Dataset(name, features, labels, lo, hi, tuple(feature_names), tuple(notes))
+    return Dataset(name, features, labels, lo, hi, tuple(feature_names), tuple(notes), bool(scaled_targets))
 
 
 # --------------------------------------------------------------------------- bundled
@@ -311,8 +316,10 @@ def load_table(path, label_column: str, lo: float, hi: float, *, clip: bool = Fa
     else:
         for note in table.notes:
             warnings.warn(f"{Path(path).name}: {note}", UserWarning, stacklevel=2)
-    return _make_dataset(Path(path).stem, table.features, labels, lo, hi, table.feature_names, table.notes,
-                         clip=clip, label_name=label_column)
+    # a user's file never passes for a bundled data set (its paper config, its rows in results.csv)
+    name = Path(path).stem + ("-file" if Path(path).stem in DATASETS else "")
+    return _make_dataset(name, table.features, labels, lo, hi, table.feature_names, table.notes,
+                         clip=clip, label_name=label_column, scaled_targets=True)
 
 
 # --------------------------------------------------------------------------- real Criteo
@@ -481,6 +488,7 @@ def train_test_split(dataset: Dataset, seed: int = 0, *, test_fraction: float = 
         train_index,
         test_index,
         seed,
+        dataset.scaled_targets,
     )
 
 
@@ -504,4 +512,4 @@ def validation_split(split: Split, *, fraction: float = 0.25, seed: int = VALIDA
     held, kept = np.sort(order[:k]), np.sort(order[k:])
     return Split(split.name, split.x_train[kept], split.y_train[kept], split.x_train[held], split.y_train[held],
                  split.lo, split.hi, split.feature_mean, split.feature_scale, split.train_index[kept],
-                 split.train_index[held], split.split_seed)
+                 split.train_index[held], split.split_seed, split.scaled_targets)

@@ -73,6 +73,15 @@ class SweepConfig:
     configs: tuple[str, ...] = ("default",)  # "paper": RPWithPrior as in PAPER_CONFIG (rows with config "paper")
 
     def validate(self):
+        # a value given twice would write its rows twice, and the summaries would count the copies as seeds
+        for flag, values in (("--mechanisms", self.mechanisms), ("--epsilon", self.epsilons),
+                             ("--variants", self.variants), ("--denoise", self.denoise), ("--config", self.configs)):
+            seen = [v for i, v in enumerate(values) if v in values[:i]]
+            if seen:
+                raise InputError(f"{flag} names {seen[0]!r} twice: give each value once")
+        if self.prior != "private" and self.prior_epsilon is not None:
+            raise InputError(f"--prior-epsilon {self.prior_epsilon} does nothing under --prior {self.prior}: no "
+                             "private histogram is drawn")
         for m in self.mechanisms:
             if m not in api.MECHANISMS:
                 raise InputError(f"mechanism must be one of {', '.join(api.MECHANISMS)}, got mechanism={m!r}")
@@ -213,7 +222,7 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
             jobs.extend(job + ("default",) for job in _variant_jobs(split, config, name, eps, bar))
     # the floor: the same network on the true labels
     for seed in config.seed_range() if config.include_floor else ():
-        jobs.append((NON_PRIVATE, math.inf, seed, np.asarray(y, np.float32), 0.0, 0.0, 0.0, "default"))
+        jobs.append((NON_PRIVATE, math.inf, seed, np.asarray(y, np.float64), 0.0, 0.0, 0.0, "default"))
 
     rows = []
     slices = range(0, len(jobs), config.max_models)
@@ -221,10 +230,14 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
               disable=not progress, unit="epoch") as bar:
         for lo in slices:
             part = jobs[lo : lo + config.max_models]
-            targets = np.stack([j[3] for j in part])
+            targets = np.stack([j[3] for j in part]).astype(np.float64)
             seeds = np.array([j[2] for j in part])
-            params = train_many(split.x_train, targets, seeds, epochs=config.epochs, on_epoch=lambda: bar.update(1))
-            mse = test_mse_many(params, split.x_test, split.y_test)
+            # a user's table: the networks learn labels mapped from the public range onto [0, 1] (affine,
+            # public), and the test MSE is mapped back to the labels' units, exactly (a factor width²)
+            lo, width = (split.lo, split.hi - split.lo) if split.scaled_targets else (0.0, 1.0)
+            params = train_many(split.x_train, (targets - lo) / width, seeds, epochs=config.epochs,
+                                on_epoch=lambda: bar.update(1))
+            mse = test_mse_many(params, split.x_test, (split.y_test - lo) / width) * width ** 2
             for job, m in zip(part, mse):
                 rows.append(dict(zip(COLUMNS, (split.name, job[0], config.prior, job[7], job[1], job[2], float(m),
                                                job[4], job[5], job[6], int(split.split_seed)))))
