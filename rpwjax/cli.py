@@ -242,21 +242,28 @@ def cmd_privatize(args) -> int:
 
 
 def cmd_curves(args) -> int:
+    from rpwjax.errors import InputError
     from rpwjax.experiments.curves import curves_split, sweep_to
     from rpwjax.experiments.sweeps import PAPER_EPSILONS, SweepConfig
 
-    split = curves_split(dataset=args.dataset, data=args.data, label_column=args.label_column, range=args.range,
-                         features=args.features, exclude=args.exclude, clip=args.clip, bins=args.bins,
-                         validation=args.validation, validation_seed=args.validation_seed,
-                         split_seed=args.split_seed, out_dir=args.out,
-                         overwrite=args.overwrite, report=None if args.quiet else _reporter("curves"))
     config = SweepConfig(
         mechanisms=tuple(args.mechanisms) if args.mechanisms else SweepConfig.mechanisms,
         epsilons=tuple(args.epsilon) if args.epsilon else PAPER_EPSILONS, seeds=args.seeds,
         first_seed=args.first_seed, epochs=args.epochs, prior=args.prior, prior_epsilon=args.prior_epsilon,
         bins=args.bins, denoise=tuple(args.denoise or ()), variants=tuple(args.variants or ()),
         configs=tuple(dict.fromkeys(args.config)),
-    )
+    ).validate()  # every option checked before the data is read
+    if args.data is not None and "paper" in config.configs:
+        raise InputError("--config paper is the paper's setting for its bundled data sets (california, crime), "
+                         "not for a --data table")
+    split = curves_split(dataset=args.dataset, data=args.data, label_column=args.label_column, range=args.range,
+                         features=args.features, exclude=args.exclude, clip=args.clip, bins=args.bins,
+                         validation=args.validation, validation_seed=args.validation_seed,
+                         split_seed=args.split_seed, out_dir=args.out,
+                         overwrite=args.overwrite, report=None if args.quiet else _reporter("curves"))
+    if split.y_test.size < 30:  # even with --quiet: the table reads as if its digits meant something
+        print(f"rpwjax curves: warning: only {split.y_test.size} test rows: each test MSE is an average over that "
+              "few labels, and its digits mean little", file=sys.stderr)
     print("\n".join(sweep_to(split, config, args.out, progress=not args.quiet, overwrite=args.overwrite)))
     if args.data is not None:  # with the results (an error stays one line); even with --quiet
         print("rpwjax curves: warning: an experiment, not a release: test and label MSE are measured against the "

@@ -294,8 +294,9 @@ def test_output_in_a_file_posing_as_a_directory_is_an_io_error(shared, tmp_path,
     (tmp_path / "file").write_text("x")
     code, _, err = run(["privatize", src, "-o", tmp_path / "file" / "sub" / "o.csv", "--label-column", "y",
                         "--params", shared / "p.json", "--quiet"], capsys)
-    assert code == 1 and err.count("\n") == 1 and "internal error" not in err
-    assert "cannot create the output directory" in err and str(tmp_path / "file" / "sub") in err
+    # refused before any work: the folder could not be made
+    assert code == 2 and err.count("\n") == 1 and "internal error" not in err
+    assert "cannot be written" in err and f"{str(tmp_path / 'file')!r} is not a folder" in err, err
     assert listing(tmp_path) == ["file", "in.csv"]
 
 

@@ -408,12 +408,25 @@ def test_a_users_table_far_from_zero_trains_on_labels_scaled_by_the_public_range
     (dict(epsilons=(1.0, 1.0)), "--epsilon names 1.0 twice"),
     (dict(mechanisms=("laplace", "laplace")), "--mechanisms names 'laplace' twice"),
     (dict(prior="empirical", prior_epsilon=0.1), "--prior-epsilon 0.1 does nothing under --prior empirical"),
+    (dict(first_seed=2**63 - 1), r"first_seed \(--first-seed\) must be an integer from 0 to 2147483645"),
+    (dict(epochs=0), r"epochs \(--epochs\) must be an integer >= 1"),
 ])
 def test_a_sweep_refuses_options_that_would_duplicate_rows_or_do_nothing(options, message):
     """A value given twice would write its rows twice (the summaries would count the copies as seeds); an option
     that does nothing is refused, as fit and privatize refuse it."""
     with pytest.raises(InputError, match=message):
         SweepConfig(**options).validate()
+
+
+def test_a_data_tables_options_are_checked_before_it_is_read(tmp_path, capsys):
+    """Options are checked before the table is read (a missing file is not even looked at), and --config paper,
+    the paper's setting for its bundled sets, is refused for a --data table."""
+    for options, message in ((["--epochs", "0"], "--epochs"), (["--config", "paper"], "not for a --data table")):
+        code = cli.main(["curves", "--data", str(tmp_path / "missing.csv"), "--label-column", "y", "--range", "0",
+                         "1", "--mechanisms", "rpwithprior", "--epsilon", "1", "--seeds", "1", "--quiet",
+                         "--out", str(tmp_path / "out"), *options])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "missing.csv" not in err, err
 
 
 def test_an_output_folder_that_cannot_be_made_is_refused_before_any_work(tmp_path, capsys):

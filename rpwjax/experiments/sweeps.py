@@ -56,6 +56,9 @@ PAPER_CONFIG = {
 DEBIAS = "debias"  # SweepConfig.denoise entry: rows "rpwithprior+debias" (the default fit's release, debiased)
 
 
+MAX_SEED = 2**31 - 1  # the largest seed of a model (a JAX key from an int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class SweepConfig:
     mechanisms: tuple[str, ...] = tuple(api.MECHANISMS)
@@ -85,10 +88,11 @@ class SweepConfig:
         for m in self.mechanisms:
             if m not in api.MECHANISMS:
                 raise InputError(f"mechanism must be one of {', '.join(api.MECHANISMS)}, got mechanism={m!r}")
-        check_epsilon(np.asarray(self.epsilons, np.float64))
+        check_epsilon(np.asarray(self.epsilons, np.float64), "--epsilon")
         for name in ("seeds", "epochs", "max_models", "bins"):
-            check_integer(getattr(self, name), name)
-        check_integer(self.first_seed, "first_seed", 0)
+            check_integer(getattr(self, name), name, flag=None if name == "max_models" else f"--{name}")
+        # the models' seeds first_seed .. first_seed + seeds - 1 seed JAX keys: int32
+        check_integer(self.first_seed, "first_seed", 0, MAX_SEED + 1 - int(self.seeds), flag="--first-seed")
         for v in self.variants:
             if v not in VARIANTS:
                 raise InputError(f"variant must be one of {', '.join(VARIANTS)}, got variant={v!r}")
@@ -193,8 +197,13 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
             for seed in config.seed_range():
                 if fit is None or config.prior == "private":
                     start = time.perf_counter()
-                    fit = api.fit("rpwithprior" if mech == DEBIAS else mech, y, range=(split.lo, split.hi),
-                                  epsilon=eps, seed=10_000 + seed, **settings)
+                    try:
+                        fit = api.fit("rpwithprior" if mech == DEBIAS else mech, y, range=(split.lo, split.hi),
+                                      epsilon=eps, seed=10_000 + seed, **settings)
+                    except InputError as err:  # name the sweep's ε, not only the mechanism's share of it
+                        raise InputError(
+                            f"{mech} on {split.name} at --epsilon {' '.join(f'{e:g}' for e in eps)} (with "
+                            f"--prior private the mechanism gets each ε less its prior's share): {err}") from None
                     fit_seconds = (time.perf_counter() - start) / eps.size
                     bar.update(1)
                 start = time.perf_counter()
