@@ -104,9 +104,21 @@ def stop(signum: int):
         line += f"{_state['label']}: interrupted by {name}; unfinished outputs were removed\n"
         with contextlib.suppress(OSError):
             # os.write, not print: the main thread may be inside a write to sys.stderr right now; a progress bar
-            # on a terminal is cleared first, so that the run ends with this one line
-            os.write(2, (("\r\x1b[2K" if os.isatty(2) else "") + line).encode())
+            # on a terminal is cleared first, so that the run ends with this one line, and elsewhere (a log
+            # file) the line starts on a line of its own after the bar's last state
+            start = "\r\x1b[2K" if os.isatty(2) else "\n" if _bar_showing() else ""
+            os.write(2, (start + line).encode())
         os._exit(EXIT_CODES.get(signum, 128 + signum))
+
+
+def _bar_showing() -> bool:
+    """Whether a progress bar (tqdm) is on screen, its last state without a line end."""
+    try:
+        from tqdm import tqdm
+
+        return any(not getattr(bar, "disable", True) for bar in list(getattr(tqdm, "_instances", ())))
+    except Exception:  # noqa: BLE001 - a stop never fails for a progress bar
+        return False
 
 
 def _handler(signum, frame):

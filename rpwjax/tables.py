@@ -216,7 +216,8 @@ def choose_features(table: pa.Table, label_column: str, *, features=None, exclud
         if names.count(name) > 1:
             if features is not None:
                 raise InputError(f"--features {name}: the column name {name!r} appears {names.count(name)} times")
-            left_out.append((name, f"the name appears {names.count(name)} times"))
+            if names.index(name) == i:  # the name once, not once per copy
+                left_out.append((name, f"the name appears {names.count(name)} times"))
             continue
         column = table.column(i)
         forced = features is not None

@@ -47,7 +47,7 @@ import pyarrow.csv as pacsv
 from scipy import special
 
 from rpwjax.errors import InputError, check_integer, check_labels, check_range
-from rpwjax.io.source import file_kind, read_labels
+from rpwjax.io.source import check_exists, file_kind, read_labels
 from rpwjax.tables import check_feature_options, read_feature_table
 
 __all__ = [
@@ -306,6 +306,7 @@ def load_table(path, label_column: str, lo: float, hi: float, *, clip: bool = Fa
     lo, hi = check_range(lo, hi)
     check_feature_options(features, exclude)
     file_kind(path, what="input file")  # CSV or Parquet (read_labels would also take a text label file)
+    check_exists(path, "input file")  # named as the table it is, not as read_labels' "labels file"
     labels = read_labels(path, label_column, encoding=encoding, check=(lo, hi, clip))
     table = read_feature_table(path, label_column, encoding=encoding, features=features, exclude=exclude)
     if table.labels.size != labels.size:
