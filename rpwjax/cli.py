@@ -503,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="runtime benchmarks against baselines and the hardware floor: results.json, plots")
     p.add_argument("--quick", action="store_true",
-                   help="smaller sizes and fewer repeats (every family and mechanism; about 2 minutes on 2 cores)")
+                   help="smaller sizes and fewer repeats (every family and mechanism; a few minutes on 2 cores)")
     p.add_argument("--out", required=True, help="directory for results.json and the plots")
     p.add_argument("--cache", default=None,
                    help="directory for generated input files (default $RPWJAX_BENCH_CACHE or ~/.cache/rpwjax/bench)")

@@ -271,3 +271,18 @@ def test_a_case_a_target_names_fails_when_it_misses_it():
     meta = {"prior_labels": fit["prior_labels"]}
     assert report.missed_targets("search-epsilons", "search/vmapped", 10, meta, 2.0, None)
     assert report.missed_targets("search-epsilons", "search/vmapped", 10, {"prior_labels": 5}, 2.0, None) == []
+
+
+def test_the_benchmark_readme_lists_every_target_with_its_threshold():
+    """benchmarks/README.md's target table is the code's TARGETS: each name, with its comparison and threshold."""
+    from pathlib import Path
+
+    from rpwjax.bench.plans import TARGETS
+
+    text = (Path(__file__).parent.parent / "benchmarks" / "README.md").read_text()
+    section = text.split("## Targets", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("`")[1]: line for line in section.splitlines() if line.startswith("| `")}
+    assert set(rows) == {t["name"] for t in TARGETS}
+    for t in TARGETS:
+        op = {"<=": "≤", ">=": "≥"}[t["op"]]
+        assert f"| {op} {t['threshold']:g}" in rows[t["name"]], rows[t["name"]]
