@@ -438,3 +438,18 @@ def test_privatize_table_errors_write_nothing(tmp_path, rng, capsys):
                    "--epsilon", "1", "--seed", "3"])
     assert rc == 2 and "overwrite" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.csv"]
+
+
+def test_stage_models_learn_labels_in_any_units_when_scaled_by_the_public_range():
+    """Labels on [2000, 2020] (years): with ``target_range`` the stage models learn them mapped onto [0, 1] and
+    predict in the labels' units (privatize-table's stage models, and curves on a user's table), where raw
+    labels leave the network far from them."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(800, 2)).astype(np.float32)
+    y = 2010 + 3 * x[:, 0]
+    rows = np.arange(600)
+    scaled = two_stage.stage_model_predictions(x, rows, y[rows][None], [1], epochs=20, target_range=(2000, 2020))
+    raw = two_stage.stage_model_predictions(x, rows, y[rows][None], [1], epochs=20)
+    held = np.arange(600, 800)
+    assert np.mean((scaled[0, held] - y[held]) ** 2) < 0.3 * np.var(y)
+    assert np.mean((raw[0, held] - y[held]) ** 2) > 10 * np.var(y)

@@ -145,17 +145,18 @@ def _variant_jobs(split: Split, config: SweepConfig, name: str, eps: np.ndarray,
         start = time.perf_counter()
         secret = Secret.from_seed(30_000 + seed)
         if row.kind == "two-stage":
-            cfg = row.two_stage_config(config.bins)
+            cfg = row.two_stage_config(config.bins, split.scaled_targets)
             runs = [TwoStageRun(y, split.lo, split.hi, e, secret, cfg) for e in eps]
             # every run of this seed shares the A/B split, so their stage models train together
             runs = train_runs(runs, split.x_train, epochs=config.epochs, model_seed=40_000 + 10 * seed,
                               split_seed=50_000 + 10 * seed)
             labels = [run.labels for run in runs]
         else:
-            labels = [row.run(split.x_train, y, split.lo, split.hi, e, secret=secret, bins=config.bins)[0] for e in eps]
+            labels = [row.run(split.x_train, y, split.lo, split.hi, e, secret=secret, bins=config.bins,
+                              scale_targets=split.scaled_targets)[0] for e in eps]
         seconds = (time.perf_counter() - start) / eps.size
         for e, lab in zip(eps, labels):
-            jobs.append((name, float(e), seed, np.asarray(lab, np.float32), float(np.mean((lab - y) ** 2)), seconds, 0.0))
+            jobs.append((name, float(e), seed, np.asarray(lab, np.float64), float(np.mean((lab - y) ** 2)), seconds, 0.0))
         # a pipeline's releases are compiled for its rows' own ranges and shapes, so a seed's compiled code is
         # rarely used again: dropping it keeps a long sweep's memory (and mapped code) flat
         jax.clear_caches()

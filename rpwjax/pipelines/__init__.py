@@ -66,17 +66,18 @@ class Pipeline:
         """Whether the pipeline trains stage models on private labels (then ``epochs`` applies)."""
         return self.kind == "two-stage"
 
-    def two_stage_config(self, bins: int = DEFAULT_BINS):
+    def two_stage_config(self, bins: int = DEFAULT_BINS, scale_targets: bool = False):
         if self.kind != "two-stage":
             raise InputError(f"pipeline {self.name!r} is not a two-stage pipeline")
-        return TwoStageConfig(bins=bins, **self.settings)
+        return TwoStageConfig(bins=bins, scale_targets=scale_targets, **self.settings)
 
     def run(self, features, labels, lo, hi, epsilon, *, secret: Secret, epochs: int = 50, bins: int = DEFAULT_BINS,
-            step=None):
+            step=None, scale_targets: bool = False):
         """Private training labels for one ε: ``(labels, record)`` (the record is the accounting).
 
         ``step(name)``, if given, is called as each step of the pipeline starts (``auto``'s steps; the
-        others are one step)."""
+        others are one step). ``scale_targets``: a pipeline's stage models learn the labels mapped from the
+        public [lo, hi] onto [0, 1] (a user's table; the bundled sets' sweeps keep raw labels)."""
         if self.kind == "auto":
             return auto_labels(features, labels, lo, hi, epsilon, secret=secret, bins=bins, step=step,
                                **self.settings)
@@ -87,8 +88,8 @@ class Pipeline:
         if self.kind == "calibrated":
             return calibrated_denoised(labels, lo, hi, epsilon, secret=secret, bins=bins, **self.settings)
 
-        run = two_stage_labels(features, labels, lo, hi, epsilon, secret=secret, config=self.two_stage_config(bins),
-                               epochs=epochs)
+        run = two_stage_labels(features, labels, lo, hi, epsilon, secret=secret,
+                               config=self.two_stage_config(bins, scale_targets), epochs=epochs)
         return np.asarray(run.labels, np.float64), run.record
 
 

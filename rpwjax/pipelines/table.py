@@ -184,7 +184,8 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
     choice, label_type, schema_types = table.choice, table.label_type, table.column_types
     del table  # what stays is the standardized float32 features and the labels
     with steps.pipeline(f"pipeline {pipeline}", pipeline_steps(row)) as step:
-        labels, record = row.run(x, y, lo, hi, eps, secret=secret, epochs=int(epochs), step=step)
+        labels, record = row.run(x, y, lo, hi, eps, secret=secret, epochs=int(epochs), step=step,
+                                 scale_targets=True)  # a user's table: its labels in any units
     del x
     labels = np.asarray(labels, dtype=np.float64)
     if labels.shape != y.shape or not np.all(np.isfinite(labels)):

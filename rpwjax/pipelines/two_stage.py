@@ -94,6 +94,9 @@ class TwoStageConfig:
     residual_bins: int = DEFAULT_BINS
     holdout: float = 0.2  # share of a stage's rows whose private labels pick the stage model's epoch (0: none)
     levels: int = DEFAULT_RULE.levels  # stage 2 rounds m1 to levels + 1 public levels across the range
+    # the stage models learn the labels mapped from the public [lo, hi] onto [0, 1], so that labels in any
+    # units train alike (a user's table); False keeps the raw labels of the committed sweeps
+    scale_targets: bool = False
 
     def validate(self):
         if self.stage1 not in STAGE1:
@@ -252,17 +255,21 @@ class TwoStageRun:
 
 
 def stage_model_predictions(features, rows, targets, seeds, *, epochs: int = 50, holdout: float = 0.2,
-                            split_seed: int = 0) -> np.ndarray:
+                            split_seed: int = 0, target_range=None) -> np.ndarray:
     """Train one stage model per target row on ``features[rows]``; predictions for ALL rows, (M, n).
 
-    The stage models learn from private labels only. With ``holdout > 0`` a
+    The stage models learn from private labels only (mapped from ``target_range`` onto [0, 1] when it is
+    given, the predictions mapped back). With ``holdout > 0`` a
     public random share of ``rows`` is held out and each model keeps the epoch
     with the smallest squared error against the held-out *private* labels
     (post-processing: early stopping costs no privacy).
     """
     x = np.asarray(features, np.float32)
     rows = np.asarray(rows)
-    targets = np.atleast_2d(np.asarray(targets, np.float32))
+    # target_range=(lo, hi): the models learn (t - lo)/(hi - lo), mapped back after (an affine map, public)
+    lo, width = (0.0, 1.0) if target_range is None else (float(target_range[0]),
+                                                         float(target_range[1]) - float(target_range[0]))
+    targets = np.atleast_2d(((np.asarray(targets, np.float64) - lo) / width).astype(np.float32))
     validation = None
     fit_rows = np.arange(rows.size)
     if holdout > 0:
@@ -272,7 +279,8 @@ def stage_model_predictions(features, rows, targets, seeds, *, epochs: int = 50,
             val, fit_rows = np.sort(order[:n_val]), np.sort(order[n_val:])
             validation = (x[rows[val]], targets[:, val])
     params = train_many(x[rows[fit_rows]], targets[:, fit_rows], np.asarray(seeds), epochs=epochs, validation=validation)
-    return predict_many(params, x)
+    predictions = predict_many(params, x)
+    return predictions if target_range is None else lo + width * predictions.astype(np.float64)
 
 
 def train_runs(runs: list[TwoStageRun], features, *, epochs: int = 50, model_seed: int = 0,
@@ -292,7 +300,8 @@ def train_runs(runs: list[TwoStageRun], features, *, epochs: int = 50, model_see
 
     def predict(rows, targets, offset):
         return stage_model_predictions(x, rows, np.stack(targets), np.full(len(targets), model_seed + offset),
-                                       epochs=epochs, holdout=holdout, split_seed=split_seed + offset)
+                                       epochs=epochs, holdout=holdout, split_seed=split_seed + offset,
+                                       target_range=(first.lo, first.hi) if first.config.scale_targets else None)
 
     for run, pred in zip(runs, predict(first.stage1_rows, [r.stage1_targets for r in runs], 1)):
         run.stage2(pred)
