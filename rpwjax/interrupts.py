@@ -113,10 +113,9 @@ def stop(signum: int):
 
 def _bar_showing() -> bool:
     """Whether a progress bar (tqdm) is on screen, its last state without a line end."""
-    try:
-        from tqdm import tqdm
-
-        return any(not getattr(bar, "disable", True) for bar in list(getattr(tqdm, "_instances", ())))
+    try:  # a bar exists only if tqdm was imported: nothing to import here
+        bars = getattr(getattr(sys.modules.get("tqdm.std"), "tqdm", None), "_instances", ())
+        return any(not getattr(bar, "disable", True) for bar in list(bars))
     except Exception:  # noqa: BLE001 - a stop never fails for a progress bar
         return False
 

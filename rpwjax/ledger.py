@@ -27,10 +27,13 @@ the largest ε and δ of its lines.
 Before its first private draw, a run appends a line marked ``"pending":
 true`` with its claimed ε and δ and its ``run`` token, and its last line (the
 release, or the failure's charge) carries the same token; a run that fails
-with nothing of its draws left takes its pending line out. A pending line
+with nothing of its draws left, or whose outputs could not be put in place
+after its line, appends a line that withdraws its lines (append-only: a
+crash meanwhile loses no other run's line). A pending line
 that no later line of its run resolves is a run that was killed outright
 (SIGKILL, the kernel's OOM killer, a crash) or is still running: it counts at
-its claim, and over at least its first row for the reuse refusal below.
+its claim, and over the rows it recorded (else its first row) for the
+reuse refusal below.
 :func:`read` leaves out the pending lines already resolved. A
 release id reused on the same input with other settings or rows, or on other
 input over rows it already covered, is refused: it would reuse randomness.
@@ -204,8 +207,9 @@ def _check_same_output(earlier: dict, record: dict):
 
 
 def _covered(record: dict) -> int | None:
-    """The rows a line covers from its offset: its rows; a pending line's (a run that may have released some
-    rows before it was killed), at least its first row; None before the rows are known (the pre-check)."""
+    """The rows a line covers from its offset: its rows (a pending line's: those its run read before its first
+    draw); a pending line that does not know them (a streamed release that may have put out some rows before
+    it was killed), its first row; None before the rows are known (the pre-check)."""
     if record["rows"] is None:
         return 1 if record.get("pending") else None
     return record["rows"]
@@ -248,19 +252,27 @@ def _record_problem(record: dict) -> str | None:
         return f"row_offset must be an integer >= 0, got row_offset={offset!r}"
     if not (rows is None or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0)):
         return f"rows must be an integer >= 0, got rows={rows!r}"
-    for key in ("failed", "pending"):
+    for key in ("failed", "pending", "withdrawn"):
         if not isinstance(record.get(key, False), bool):
             return f"{key} must be true or false, got {key}={record.get(key)!r}"
-    if not isinstance(record.get("run", ""), str) or (record.get("pending") and not record.get("run")):
-        return f"run must be a string (a pending line's is required), got run={record.get('run')!r}"
+    needs_run = record.get("pending") or record.get("withdrawn")
+    if not isinstance(record.get("run", ""), str) or (needs_run and not record.get("run")):
+        return f"run must be a string (a pending or withdrawing line's is required), got run={record.get('run')!r}"
     return None
 
 
 def resolved(records) -> list[dict]:
-    """``records`` less the pending lines that a later line of their run (its release, or its failure's
+    """``records`` less the lines a later line of their run withdraws (:func:`withdraw`), the withdrawing
+    lines themselves, and the pending lines that a later line of their run (its release, or its failure's
     charge) resolves."""
-    ended = {r["run"] for r in records if r.get("run") and not r.get("pending")}
-    return [r for r in records if not (r.get("pending") and r["run"] in ended)]
+    kept = []
+    for r in records:
+        if r.get("withdrawn"):
+            kept = [q for q in kept if q.get("run") != r["run"]]
+        else:
+            kept.append(r)
+    ended = {r["run"] for r in kept if r.get("run") and not r.get("pending")}
+    return [r for r in kept if not (r.get("pending") and r["run"] in ended)]
 
 
 def read(path, *, every_line: bool = False) -> list[dict]:
@@ -419,7 +431,7 @@ def _locked(path: Path, *, create: bool = True, wait: bool = True, patience: flo
         else:
             raise InputError(f"ledger {str(path)!r} stayed locked (by another run, or by this one when it was "
                              f"stopped) for {patience:g} s")
-        if not _still_there(fd, path):  # removed while we waited (retract of its only line): open it again
+        if not _still_there(fd, path):  # removed while we waited (withdraw removed a ledger of one run): open it again
             os.close(fd)
             fd = None
             with _locked(path, create=create, wait=wait, patience=patience) as again:
@@ -432,7 +444,7 @@ def _locked(path: Path, *, create: bool = True, wait: bool = True, patience: flo
 
 
 def _still_there(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the file open at ``fd`` (:func:`retract` removes a ledger it leaves empty)."""
+    """Whether ``path`` still names the file open at ``fd`` (:func:`withdraw` removes a ledger that held one run only)."""
     try:
         here = os.stat(path)
     except FileNotFoundError:
@@ -481,7 +493,7 @@ def precheck(path, record: dict, budget=None) -> dict:
 
 def commit(path, record: dict, budget=None, *, wait: bool = True, patience: float = 1.0) -> dict:
     """Check again and append ``record``, holding the ledger's lock (concurrent runs see each other). The
-    status's ``line`` is the appended line (for :func:`retract`). ``wait``, ``patience``: see :func:`_locked`."""
+    status's ``line`` is the appended line. ``wait``, ``patience``: see :func:`_locked`."""
     path = Path(path)
     line = (json.dumps(record, sort_keys=True, allow_nan=False) + "\n").encode()
     with _locked(path, wait=wait, patience=patience) as fd:
@@ -491,25 +503,26 @@ def commit(path, record: dict, budget=None, *, wait: bool = True, patience: floa
     return dict(status, line=line)
 
 
-def retract(path, line: bytes, *, wait: bool = True, patience: float = 1.0):
-    """Remove the last copy of ``line``, which :func:`commit` appended for a release whose outputs could not be
-    put in place after all (or a pending line of a run that failed with nothing of its draws left): the ledger
-    records only releases that left the program. Under the ledger's lock, so that lines other runs appended
-    since stay as they are. ``wait``, ``patience``: see :func:`_locked`."""
+def withdraw(path, record: dict, *, created: bool = False, wait: bool = True, patience: float = 1.0):
+    """Append a line that withdraws every earlier line of ``record``'s run (its ``run`` token): a release
+    whose outputs could not be put in place after all, or a pending line of a run that failed with nothing of
+    its draws left. The ledger records only releases that left the program, and stays append-only: a stop or
+    a crash meanwhile loses no other run's line. A ledger this run ``created`` that holds nothing but its own
+    lines is removed instead (a failed run leaves no new file; runs waiting on its lock open the path again,
+    :func:`_locked`). ``wait``, ``patience``: see :func:`_locked`."""
     path = Path(path)
+    line = dict(record, epsilon=0.0, delta=0.0, rows=None, withdrawn=True)
+    for key in ("pending", "failed", "accounting", "released_sha256"):
+        line.pop(key, None)
+    data = (json.dumps(line, sort_keys=True, allow_nan=False) + "\n").encode()
     with _locked(path, create=False, wait=wait, patience=patience) as fd:
         if fd is None:
             return
-        data = os.pread(fd, os.fstat(fd).st_size, 0)
-        at = data.rfind(line)
-        if at < 0:
-            return
-        rest = data[at + len(line):]
-        if at == 0 and not rest:  # its only line: no ledger was there before it (runs that wait reopen: _locked)
+        if created and path.is_file() and not path.is_symlink() and all(
+                r.get("run") == record["run"] for r in read(path, every_line=True)):
             os.unlink(path)
             return
-        os.ftruncate(fd, at)
-        os.write(fd, rest)  # O_APPEND: at the new end, where the line was
+        os.write(fd, data)
         os.fsync(fd)
 
 

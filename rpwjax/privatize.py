@@ -381,6 +381,7 @@ def fit_file(labels_path, options: FitOptions, *, label_column=None, encoding=No
     run.start(sum(planned), mechanism=options.mechanism)
     with run.charged():  # a fit that fails after drawing its histogram is charged for it
         labels = read_labels(labels_path, label_column, encoding=encoding, check=(lo, hi, options.clip))
+        run.expect_rows(labels.size)
         epsilon = options.epsilon
         epsilon = epsilon[0] if not np.isscalar(epsilon) and len(epsilon) == 1 else epsilon
         records = options.fit(labels, epsilon, run.fit_secret()).records()
@@ -577,6 +578,7 @@ def _inline_release(input_path, options: FitOptions, run: ReleaseRun, prior_is_p
     source = TableSource(input_path, label_column, encoding=encoding)
     with progress_bar(source, "read labels", enabled=progress) as bar:
         labels = read_labels(input_path, label_column, encoding=encoding, check=(lo, hi, options.clip), bar=bar)
+    run.expect_rows(labels.size)
     # the histogram noise (if any) and the release draw from independent keys derived from the secret
     result = options.fit(labels, options.epsilon, run.fit_secret(), spend_prior=denoise == "posterior")
     record = result.records()[0]

@@ -82,7 +82,9 @@ class ReleaseRun:
         self._appended = None  # the ledger line finish() appended, until the outputs are in place
         self._charge_line = None  # once a failed run's line is appended (charged()): the line that says so
         self._said = False  # ... printed
-        self._pending = None  # the pending line, once appended before the first draw that later work reads
+        self._pending = None  # the pending line, once appended before the run's first draw
+        self._created = False  # whether the pending line created the ledger file
+        self._expected_rows = None  # the rows the release will cover, when read before its first draw
         self.run_token = secrets.token_hex(8)  # ties the run's lines together (a pending line to its last)
 
     @property
@@ -107,7 +109,7 @@ class ReleaseRun:
 
         From the ledger append in :meth:`finish` to the end of the block a SIGINT or SIGTERM waits (it then
         ends the run with the outputs and the record both in place), and an error after the append (an
-        output that cannot be renamed into place) takes the record out again (:func:`rpwjax.ledger.retract`):
+        output that cannot be renamed into place) withdraws the record again (:func:`rpwjax.ledger.withdraw`):
         the ledger records only releases that left the program."""
         with contextlib.ExitStack() as stack:
             self._hold = stack
@@ -118,7 +120,8 @@ class ReleaseRun:
                     # the error that stopped the outputs is the one to report; a ledger that cannot be rewritten
                     # keeps the line (it then counts a release that did not leave: the total stays an upper bound)
                     with contextlib.suppress(OSError, InputError):
-                        ledger.retract(self.ledger, self._appended)
+                        ledger.withdraw(self.ledger, self.record, created=self._created)
+                        self._pending = None  # withdrawn with the record: the run's lines go together
                     self._appended = None
                 raise
             finally:
@@ -170,8 +173,8 @@ class ReleaseRun:
         if not draws.read_later(made):  # nothing drawn that the failure could reflect, nor left (its outputs are gone)
             if self._pending is not None:
                 with contextlib.suppress(OSError, InputError):  # a pending line left in overcharges, never under
-                    ledger.retract(self.ledger, self._pending, wait=False,
-                                   patience=1.0 if stopping else CHARGE_PATIENCE)
+                    ledger.withdraw(self.ledger, self.record, created=self._created, wait=False,
+                                    patience=1.0 if stopping else CHARGE_PATIENCE)
                 self._pending = None
             return None
         claim = None if self.record is None else self.record["epsilon"]
@@ -207,6 +210,13 @@ class ReleaseRun:
                     f"{epsilon:g}) and could not be charged ({err}); add it to the input's total yourself")
         return self._charge_line
 
+    def expect_rows(self, rows: int):
+        """The rows the release will cover, known before its first draw (the labels read first): its pending
+        line records them, so that a killed run's id is refused over all of them on other input. A release
+        that streams its file (``privatize --params``) does not know them: its pending line holds its first
+        row only."""
+        self._expected_rows = int(rows)
+
     def _write_pending(self) -> bool:
         """Append the pending line (the claim, no rows, ``"pending": true``) before the run's first draw
         (:func:`rpwjax.draws.collecting`); True once it is in (False before :meth:`start`, when the claim is
@@ -218,12 +228,14 @@ class ReleaseRun:
             return True
         if self.record is None:
             return False
-        record = dict(self.record, rows=None, pending=True)
+        record = dict(self.record, rows=self._expected_rows, pending=True)
         for key in ("accounting", "released_sha256"):
             record.pop(key, None)
         with interrupts.held():
+            created = not self.ledger.exists()
             self._pending = ledger.commit(self.ledger, record, self.budget, wait=False,
                                           patience=CHARGE_PATIENCE)["line"]
+            self._created = created
         return True
 
     def start(self, epsilon: float, delta: float = 0.0, **extra) -> "ReleaseRun":

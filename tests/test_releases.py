@@ -513,7 +513,7 @@ def test_a_release_whose_outputs_fail_after_the_ledger_append_is_taken_out_again
     book = tmp_path / "book.jsonl"
     args = ["--mechanism", "laplace", "--epsilon", "1", "--ledger", book]
     privatize(capsys, src, tmp_path / "first.csv", d / "key", *args)
-    before = book.read_bytes()
+    before = ledger.read(book)
 
     def broken(*_):
         raise OSError("cannot rename: no space left on device")
@@ -523,7 +523,8 @@ def test_a_release_whose_outputs_fail_after_the_ledger_append_is_taken_out_again
                         "--key-file", d / "key", "--quiet", *args], capsys)
     assert code != 0 and "no space left" in err, err
     assert not (tmp_path / "second.csv").exists()
-    assert book.read_bytes() == before
+    assert ledger.read(book) == before  # its lines withdrawn by one more line: the earlier lines as they were
+    assert json.loads(book.read_text().splitlines()[-1])["withdrawn"] is True
 
 
 @pytest.mark.parametrize("field, value, problem", [
@@ -863,8 +864,9 @@ def test_a_run_killed_outright_after_its_first_draw_is_charged_its_claim(files, 
     assert proc.returncode == 137, proc.stderr
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("o.csv")]
     (line,) = ledger.read(book, every_line=True)
-    assert line["pending"] is True and line["rows"] is None and line["epsilon"] == pytest.approx(claim, rel=1e-12)
-    assert line["delta"] == delta
+    assert line["pending"] is True and line["epsilon"] == pytest.approx(claim, rel=1e-12) and line["delta"] == delta
+    # the rows, when read before the first draw; a streamed --params release does not know them yet
+    assert line["rows"] == (None if "--params" in argv else 2000)
     (group,) = ledger.summaries(ledger.read(book))
     assert group["epsilon_total"] == pytest.approx(claim, rel=1e-12) and group["releases"][0]["pending"]
     code, report, _ = run(["ledger", "--ledger", book], capsys)
@@ -901,8 +903,8 @@ def test_a_budget_spent_meanwhile_refuses_the_pending_line_before_any_draw(files
 
 
 def test_a_killed_runs_release_id_is_refused_on_other_input_at_its_rows(files, tmp_path, capsys):
-    """A pending line holds at least its first row: the id of a run killed while writing its output (its part
-    file holds released labels from the first row on) is refused on another input at that offset."""
+    """A pending line holds the rows its run read before its first draw: the id of a run killed while writing
+    its output (its part file holds released labels) is refused on another input over any of them."""
     d, a, _ = files
     src, other = write_table(tmp_path / "y.csv", a[:2000]), write_table(tmp_path / "z.csv", a[2000:3000])
     book = tmp_path / "book.jsonl"
@@ -912,9 +914,10 @@ def test_a_killed_runs_release_id_is_refused_on_other_input_at_its_rows(files, t
                            str(tmp_path / "o.csv"), *map(str, common)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 137, proc.stderr
     (line,) = ledger.read(book)
-    code, _, err = run(["privatize", other, "-o", tmp_path / "p.csv", *common, "--release-id", line["release_id"],
-                        "--row-offset", "0"], capsys)
-    assert code == 2 and "already used for rows 0 .. 0" in err, err
+    for offset in ("0", "1", "1999"):
+        code, _, err = run(["privatize", other, "-o", tmp_path / "p.csv", *common, "--release-id",
+                            line["release_id"], "--row-offset", offset], capsys)
+        assert code == 2 and "already used for rows 0 .. 1999" in err, err
     code, _, err = run(["privatize", other, "-o", tmp_path / "p.csv", *common, "--release-id", line["release_id"],
                         "--row-offset", "2000"], capsys)  # another shard, past the killed run's first row
     assert code == 0, err

@@ -139,7 +139,7 @@ def release_settings(pipeline: str, epsilon, range, epochs, clip: bool, features
 def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi: float, epsilon: float,
                     pipeline: str = "auto", secret: Secret, clip: bool = False, encoding=None,
                     epochs: int | None = None, release_id: str | None = None, before_commit=None,
-                    features=None, exclude=None, progress: bool = False, report=None) -> dict:
+                    features=None, exclude=None, progress: bool = False, report=None, rows_read=None) -> dict:
     """Privatize ``label_column`` of a CSV/Parquet table with a registry pipeline; returns the sidecar.
 
     ``epochs`` (stage-model epochs) is refused for a pipeline that trains no stage model. Every draw of
@@ -177,6 +177,8 @@ def privatize_table(input_path, output_path, *, label_column: str, lo: float, hi
                                progress=progress, desc=steps.desc("read table"))
     if table.labels.size != y.size:
         raise InputError(f"{str(input_path)!r} changed while it was read ({y.size} rows, then {table.labels.size})")
+    if rows_read is not None:  # before any draw: the rows the release will cover (the ledger's pending line)
+        rows_read(y.size)
     if report is not None:
         for line in table.choice.lines():
             report(line)
@@ -248,7 +250,7 @@ def privatize_table_file(input_path, output_path, *, label_column: str, range, e
         sidecar = privatize_table(input_path, output_path, label_column=label_column, lo=range[0], hi=range[1],
                                   epsilon=epsilon, pipeline=pipeline, secret=run.secret, clip=clip, encoding=encoding,
                                   epochs=epochs, before_commit=run.finish, features=features, exclude=exclude,
-                                  progress=progress, report=report)
+                                  progress=progress, report=report, rows_read=run.expect_rows)
     return sidecar, run.line
 
 
