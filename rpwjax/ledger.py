@@ -34,7 +34,8 @@ that no later line of its run resolves is a run that was killed outright
 (SIGKILL, the kernel's OOM killer, a crash) or is still running: it counts at
 its claim, and over the rows it recorded (else its first row) for the
 reuse refusal below.
-:func:`read` leaves out the pending lines already resolved. A
+:func:`read` leaves out the lines withdrawn and the pending lines already
+resolved. A
 release id reused on the same input with other settings or rows, or on other
 input over rows it already covered, is refused: it would reuse randomness.
 
@@ -276,9 +277,9 @@ def resolved(records) -> list[dict]:
 
 
 def read(path, *, every_line: bool = False) -> list[dict]:
-    """The records of a ledger file (none if it does not exist), less the pending lines already resolved
-    (:func:`resolved`; ``every_line``: all of them); a damaged line is an error naming it, and a file whose
-    first line is no ledger record (another file given as the ledger) is refused as no ledger."""
+    """The records of a ledger file (none if it does not exist), less the lines withdrawn and the pending lines
+    already resolved (:func:`resolved`; ``every_line``: all of them); a damaged line is an error naming it, and
+    a file whose first line is no ledger record (another file given as the ledger) is refused as no ledger."""
     p = Path(path)
     if not p.exists():
         return []
@@ -431,7 +432,7 @@ def _locked(path: Path, *, create: bool = True, wait: bool = True, patience: flo
         else:
             raise InputError(f"ledger {str(path)!r} stayed locked (by another run, or by this one when it was "
                              f"stopped) for {patience:g} s")
-        if not _still_there(fd, path):  # removed while we waited (withdraw removed a ledger of one run): open it again
+        if not _still_there(fd, path):  # removed while we waited (withdraw removed a ledger of one run): reopen
             os.close(fd)
             fd = None
             with _locked(path, create=create, wait=wait, patience=patience) as again:
@@ -444,7 +445,8 @@ def _locked(path: Path, *, create: bool = True, wait: bool = True, patience: flo
 
 
 def _still_there(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the file open at ``fd`` (:func:`withdraw` removes a ledger that held one run only)."""
+    """Whether ``path`` still names the file open at ``fd`` (:func:`withdraw` removes a ledger that held one run
+    only)."""
     try:
         here = os.stat(path)
     except FileNotFoundError:

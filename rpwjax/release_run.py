@@ -117,7 +117,7 @@ class ReleaseRun:
                 yield self
             except BaseException:
                 if self._appended is not None:
-                    # the error that stopped the outputs is the one to report; a ledger that cannot be rewritten
+                    # the error that stopped the outputs is the one to report; a ledger that cannot be appended to
                     # keeps the line (it then counts a release that did not leave: the total stays an upper bound)
                     with contextlib.suppress(OSError, InputError):
                         ledger.withdraw(self.ledger, self.record, created=self._created)
@@ -141,8 +141,8 @@ class ReleaseRun:
 
         A run killed outright (SIGKILL, the kernel's OOM killer, a crash) runs nothing afterwards: so before
         its first draw, the run appends a pending line (:meth:`_write_pending`) with its claim, which its last
-        line (the release, or the failure's charge) resolves; a failure that is not charged takes it out
-        again. One the run never resolved counts at the claim (:mod:`rpwjax.ledger`)."""
+        line (the release, or the failure's charge) resolves; a failure that is not charged withdraws it
+        (:func:`rpwjax.ledger.withdraw`). One the run never resolved counts at the claim (:mod:`rpwjax.ledger`)."""
         with draws.collecting(first_read=self._write_pending) as made:
             take_off = interrupts.on_stop(lambda: self._charge_failure(made, stopping=True))
             try:
@@ -218,7 +218,8 @@ class ReleaseRun:
         self._expected_rows = int(rows)
 
     def _write_pending(self) -> bool:
-        """Append the pending line (the claim, no rows, ``"pending": true``) before the run's first draw
+        """Append the pending line (the claim, the rows when known (:meth:`expect_rows`), ``"pending": true``)
+        before the run's first draw
         (:func:`rpwjax.draws.collecting`); True once it is in (False before :meth:`start`, when the claim is
         not known: a draw then, on another thread of the process, is another run's). It is checked like the
         release (a reused id, ``--budget``, which a concurrent run may have moved since :meth:`start`): a

@@ -156,7 +156,8 @@ def _variant_jobs(split: Split, config: SweepConfig, name: str, eps: np.ndarray,
                               scale_targets=split.scaled_targets)[0] for e in eps]
         seconds = (time.perf_counter() - start) / eps.size
         for e, lab in zip(eps, labels):
-            jobs.append((name, float(e), seed, np.asarray(lab, np.float64), float(np.mean((lab - y) ** 2)), seconds, 0.0))
+            jobs.append((name, float(e), seed, np.asarray(lab, np.float64), float(np.mean((lab - y) ** 2)), seconds,
+                         0.0))
         # a pipeline's releases are compiled for its rows' own ranges and shapes, so a seed's compiled code is
         # rarely used again: dropping it keeps a long sweep's memory (and mapped code) flat
         jax.clear_caches()
