@@ -550,7 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "rows (replacing those files in --out)")
     p.set_defaults(func=cmd_reproduce)
 
-    p = sub.add_parser("demo", help="a reduced sweep on bundled California Housing: table and plot (a few minutes)")
+    p = sub.add_parser("demo", help="a reduced sweep on bundled California Housing: table and plot (about two minutes on 2 "
+                       "cores)")
     p.add_argument("--out", default="rpwjax-demo", help="output directory (default rpwjax-demo)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the results.csv and plots of an earlier demo in --out")
