@@ -67,6 +67,7 @@ import numpy as np
 
 from rpwjax.accounting import Accounting
 from rpwjax.errors import InputError
+from rpwjax.io.atomic import uncreatable
 from rpwjax.keys import canonical_json
 
 LEDGER_ENV = "RPWJAX_LEDGER"
@@ -456,15 +457,10 @@ def _still_there(fd: int, path: Path) -> bool:
 
 
 def _check_creatable(path: Path):
-    """Refuse a ledger that :func:`commit` could not create (its nearest existing folder is not a writable
-    folder), without creating anything."""
-    parent = path.absolute().parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise _cannot_open(path, f"{str(parent)!r} is not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise _cannot_open(path, f"folder {str(parent)!r} is not writable")
+    """Refuse a ledger that :func:`commit` could not create, without creating anything."""
+    problem = uncreatable(path)
+    if problem:
+        raise _cannot_open(path, problem)
 
 
 def check_known_release(path, release_id: str) -> None:

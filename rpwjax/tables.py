@@ -190,7 +190,7 @@ def _indicator_name(column: str, taken: set) -> str:
 
 def choose_features(table: pa.Table, label_column: str, *, features=None, exclude=None):
     """The features of ``table``: ``(matrix float32 (n, d), FeatureChoice)`` (see the module docstring); each
-    chosen column standardized in float64 before its float32 copy (:func:`_standardized32`), the missing-value
+    chosen column standardized in float64 before its float32 copy (:func:`standardized_column`), the missing-value
     indicators 0/1.
 
     ``features``/``exclude``: column names (``--features``/``--exclude``). Reads the features only (public);
@@ -248,7 +248,7 @@ def choose_features(table: pa.Table, label_column: str, *, features=None, exclud
                             "fill_value": fill, "indicator": indicator})
             indicators.append(missing)
         used.append(name)
-        columns.append(_standardized32(values))
+        columns.append(standardized_column(values))
         del values
     choice = FeatureChoice(tuple(used), tuple(left_out), tuple(imputed), chosen_by)
     if not columns:
@@ -261,7 +261,7 @@ def choose_features(table: pa.Table, label_column: str, *, features=None, exclud
     return matrix, choice
 
 
-def _standardized32(values) -> np.ndarray:
+def standardized_column(values) -> np.ndarray:
     """A feature column centred and scaled in float64 (mean 0, standard deviation 1; a constant column 0), then
     float32: a column with a large offset (a timestamp) or magnitude (1e39) keeps its spread, which a float32
     copy of its raw values would round away or overflow. Public features only. Scaled by the largest distance

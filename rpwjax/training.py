@@ -49,6 +49,7 @@ __all__ = [
     "init_mlp",
     "mlp_apply",
     "predict_many",
+    "target_scale",
     "test_mse_many",
     "train_many",
 ]
@@ -275,6 +276,16 @@ def predict_many(params, x) -> np.ndarray:
     padded[:n] = x
     parts = [np.asarray(_predict_many(params, jnp.asarray(padded[i : i + chunk]))) for i in range(0, n, chunk)]
     return np.concatenate(parts, axis=1)[:, :n]
+
+
+def target_scale(target_range=None) -> tuple[float, float]:
+    """``(lo, width)`` of the affine map t -> (t - lo)/width that puts a public label range ``(lo, hi)`` onto
+    [0, 1], so that networks learn labels in any units alike (predictions map back as lo + width·p); (0, 1),
+    the identity, for None."""
+    if target_range is None:
+        return 0.0, 1.0
+    lo, hi = float(target_range[0]), float(target_range[1])
+    return lo, hi - lo
 
 
 def test_mse_many(params, x_test, y_test) -> np.ndarray:

@@ -35,7 +35,7 @@ from rpwjax.pipelines import PIPELINES
 from rpwjax.pipelines.two_stage import TwoStageRun, train_runs
 from rpwjax.posterior import debias, posterior_mean
 from rpwjax.release_path import release_grid
-from rpwjax.training import test_mse_many, train_many
+from rpwjax.training import target_scale, test_mse_many, train_many
 
 PAPER_EPSILONS = (0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 4.0, 8.0)
 NON_PRIVATE = "non-private"
@@ -245,7 +245,7 @@ def run_sweep(split: Split, config: SweepConfig, *, progress: bool = True) -> li
             seeds = np.array([j[2] for j in part])
             # a user's table: the networks learn labels mapped from the public range onto [0, 1] (affine,
             # public), and the test MSE is mapped back to the labels' units, exactly (a factor width²)
-            lo, width = (split.lo, split.hi - split.lo) if split.scaled_targets else (0.0, 1.0)
+            lo, width = target_scale((split.lo, split.hi) if split.scaled_targets else None)
             params = train_many(split.x_train, (targets - lo) / width, seeds, epochs=config.epochs,
                                 on_epoch=lambda: bar.update(1))
             mse = test_mse_many(params, split.x_test, (split.y_test - lo) / width) * width ** 2

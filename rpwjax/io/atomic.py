@@ -70,19 +70,23 @@ def check_outputs(outputs, *, overwrite: bool = False, inputs=()):
         if exists:
             if not overwrite:
                 raise InputError(f"output {str(out)!r} already exists: give --overwrite to replace it")
-        _check_creatable(out)
+        # refused before any work: the run would otherwise find it out only when its results are done
+        problem = uncreatable(out)
+        if problem:
+            raise InputError(f"output {str(out)!r} cannot be written: {problem}")
 
 
-def _check_creatable(out: Path):
-    """Refuse an output whose folder could not be made or written (its nearest existing ancestor is not a
-    writable folder), before any work: the run would otherwise find it out only when its results are done."""
-    parent = out.absolute().parent
+def uncreatable(path) -> str | None:
+    """Why ``path`` could not be created (its nearest existing ancestor is not a writable folder), or None;
+    creates nothing."""
+    parent = Path(path).absolute().parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise InputError(f"output {str(out)!r} cannot be written: {str(parent)!r} is not a folder")
+        return f"{str(parent)!r} is not a folder"
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"output {str(out)!r} cannot be written: folder {str(parent)!r} is not writable")
+        return f"folder {str(parent)!r} is not writable"
+    return None
 
 
 def _temp_beside(target: Path) -> Path:

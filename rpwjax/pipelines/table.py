@@ -33,7 +33,7 @@ from rpwjax.pipelines import pipeline as lookup
 from rpwjax.ledger import ledger_path
 from rpwjax.ledger import ReleasedDigest
 from rpwjax.privatize import bind_release, open_release
-from rpwjax.tables import read_feature_table
+from rpwjax.tables import read_feature_table, standardized_column
 
 DEFAULT_EPOCHS = 50
 # An early refusal, before any label is read: a pipeline's exact integer noise has rate epsilon·share/R, R = 2^20
@@ -52,15 +52,14 @@ def check_pipeline_epsilon(epsilon) -> float:
 
 
 def standardized(features) -> np.ndarray:
-    """Features centred and scaled by their own mean and standard deviation (constant columns: scale 1), float32.
-
-    Column by column in float64: peak memory is the float32 matrix and one float64 column."""
+    """Features centred and scaled by their own mean and standard deviation (constant columns: 0), float32:
+    :func:`rpwjax.tables.standardized_column` of each column (the chosen columns already are; the 0/1
+    missing-value indicators become so). Column by column: peak memory is the float32 matrix and one float64
+    column."""
     x = np.asarray(features)
     out = np.empty(x.shape, np.float32)
     for j in range(x.shape[1]):
-        col = x[:, j].astype(np.float64)
-        scale = col.std()
-        out[:, j] = (col - col.mean()) / (scale if scale > 0 else 1.0)
+        out[:, j] = standardized_column(x[:, j])
     return out
 
 

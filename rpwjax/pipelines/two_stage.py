@@ -68,7 +68,7 @@ from rpwjax.pipelines.rule import DEFAULT_RULE
 from rpwjax.posterior import posterior_mean, posterior_mean_per_row
 from rpwjax.priors import DEFAULT_BINS, Prior, histogram_prior, private_histogram
 from rpwjax.release_path import release, sidecar_fields
-from rpwjax.training import predict_many, train_many
+from rpwjax.training import predict_many, target_scale, train_many
 
 # the pipelines' histograms: projected onto the public row count, noise keyed by purpose "counts" under a
 # per-stage child secret (each pipeline derives one child secret per ε first)
@@ -267,8 +267,7 @@ def stage_model_predictions(features, rows, targets, seeds, *, epochs: int = 50,
     x = np.asarray(features, np.float32)
     rows = np.asarray(rows)
     # target_range=(lo, hi): the models learn (t - lo)/(hi - lo), mapped back after (an affine map, public)
-    lo, width = (0.0, 1.0) if target_range is None else (float(target_range[0]),
-                                                         float(target_range[1]) - float(target_range[0]))
+    lo, width = target_scale(target_range)
     targets = np.atleast_2d(((np.asarray(targets, np.float64) - lo) / width).astype(np.float32))
     validation = None
     fit_rows = np.arange(rows.size)
